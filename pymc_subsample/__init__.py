@@ -1,0 +1,17 @@
+"""Subsampling MCMC step methods for PyMC models of tall data.
+
+Use a step with ``pm.sample``::
+
+    import pymc as pm
+    import pymc_subsample as pms
+
+    with model:
+        idata = pm.sample(step=pms.AusterityMH(error_tolerance=0.01, batch_size=500))
+"""
+
+from pymc_subsample.step_methods import AusterityMH
+from pymc_subsample.warnings import SubsampleWarning
+
+__version__ = "0.1.0"
+
+__all__ = ["AusterityMH", "SubsampleWarning", "__version__"]

@@ -1,0 +1,41 @@
+"""Running sample moments of per-row log-ratios, merged batch by batch without cancellation."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+__all__ = ["RunningMoments", "add_batch"]
+
+
+class RunningMoments(NamedTuple):
+    """Count, mean and sum of squared deviations (M2) of the values seen so far."""
+
+    count: int
+    mean: float
+    sum_sq_dev: float
+
+
+EMPTY = RunningMoments(0, 0.0, 0.0)
+
+
+def add_batch(moments: RunningMoments, values: np.ndarray) -> RunningMoments:
+    """Merge a batch into running moments (Chan, Golub and LeVeque's pairwise update).
+
+    Examples
+    --------
+    >>> m = add_batch(add_batch(EMPTY, np.array([1.0, 2.0])), np.array([3.0, 4.0]))
+    >>> m.count, m.mean, m.sum_sq_dev
+    (4, 2.5, 5.0)
+    """
+    n_batch = values.size
+    if n_batch == 0:
+        return moments
+    batch_mean = float(values.mean())
+    batch_sq_dev = float(np.square(values - batch_mean).sum())
+    count = moments.count + n_batch
+    delta = batch_mean - moments.mean
+    mean = moments.mean + delta * n_batch / count
+    sum_sq_dev = moments.sum_sq_dev + batch_sq_dev + delta**2 * moments.count * n_batch / count
+    return RunningMoments(count, mean, sum_sq_dev)

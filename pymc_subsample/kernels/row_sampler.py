@@ -1,0 +1,105 @@
+"""Draw rows without replacement within one test, at a cost proportional to the rows drawn.
+
+A test draws batches of rows until it can decide; rows must not repeat inside a test, and no
+step may cost O(N) (so no ``rng.permutation(N)`` per step). The sampler keeps one int64 stamp
+per row, allocated once: a row is taken in the current test when its stamp is at least the
+test's starting stamp, so starting a test costs O(1) and nothing is ever cleared.
+
+While fewer than half the rows are taken, a batch is drawn by uniform proposals with rejection
+of taken rows and of repeats (each accepted row is uniform over the rows not yet taken, so the
+batch is a uniform sample without replacement). Once a test needs more than half the rows its
+cost is already O(N), and the remaining rows are listed and shuffled once (O(N), amortised by
+the O(N) rows the test evaluates anyway).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["RowSampler"]
+
+
+class RowSampler:
+    """Sampler of row indices without replacement inside a test.
+
+    Parameters
+    ----------
+    n_rows : int
+        Number of rows N.
+
+    Examples
+    --------
+    >>> sampler = RowSampler(10)
+    >>> rng = np.random.default_rng(0)
+    >>> sampler.start_test()
+    >>> rows = np.concatenate([sampler.draw(rng, 4), sampler.draw(rng, 4), sampler.draw(rng, 4)])
+    >>> sorted(rows.tolist()) == list(range(10))
+    True
+    """
+
+    def __init__(self, n_rows: int) -> None:
+        if n_rows < 1:
+            raise ValueError(f"n_rows must be at least 1, got {n_rows}.")
+        self.n_rows = int(n_rows)
+        self._stamps = np.full(self.n_rows, -1, dtype=np.int64)
+        self._next_stamp = 0
+        self._test_start = 0
+        self._n_taken = 0
+        self._remaining: np.ndarray | None = None
+
+    @property
+    def n_taken(self) -> int:
+        """Rows drawn in the current test."""
+        return self._n_taken
+
+    def start_test(self) -> None:
+        """Begin a new test: every row becomes available again (O(1))."""
+        self._test_start = self._next_stamp
+        self._n_taken = 0
+        self._remaining = None
+
+    def draw(self, rng: np.random.Generator, size: int) -> np.ndarray:
+        """Draw up to ``size`` rows not yet drawn in this test (fewer once rows run out).
+
+        Parameters
+        ----------
+        rng : numpy.random.Generator
+            Source of randomness.
+        size : int
+            Number of rows wanted.
+
+        Returns
+        -------
+        ndarray of int64
+            Distinct row indices, none drawn before in this test.
+        """
+        size = min(int(size), self.n_rows - self._n_taken)
+        if self._remaining is None and 2 * (self._n_taken + size) > self.n_rows:
+            self._remaining = self._shuffled_untaken(rng)
+        if self._remaining is not None:
+            start = self._n_taken - (self.n_rows - self._remaining.size)
+            rows = self._remaining[start : start + size]
+        else:
+            rows = self._draw_sparse(rng, size)
+        self._n_taken += rows.size
+        return rows
+
+    def _draw_sparse(self, rng: np.random.Generator, size: int) -> np.ndarray:
+        batches = []
+        needed = size
+        while needed > 0:
+            candidates = rng.integers(0, self.n_rows, size=needed)
+            candidates = candidates[self._stamps[candidates] < self._test_start]
+            stamps = self._next_stamp + np.arange(candidates.size)
+            self._stamps[candidates] = stamps
+            # Where a row was proposed twice, only its last stamp survives: keep that copy.
+            candidates = candidates[self._stamps[candidates] == stamps]
+            self._next_stamp += stamps.size
+            batches.append(candidates)
+            needed -= candidates.size
+        return batches[0] if len(batches) == 1 else np.concatenate(batches)
+
+    def _shuffled_untaken(self, rng: np.random.Generator) -> np.ndarray:
+        untaken = np.flatnonzero(self._stamps < self._test_start)
+        rng.shuffle(untaken)
+        return untaken

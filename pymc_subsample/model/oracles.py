@@ -1,0 +1,189 @@
+"""Compile the functions ("oracles") that the kernels call, over the raveled vector ``q``.
+
+``q`` is the concatenation of the step's value variables in the unconstrained space, in the
+order of ``vars``, as :class:`pymc.blocking.DictToArrayBijection` ravels them. Variables of the
+model that the step does not sample are read from shared variables that PyMC updates before
+each step (``make_shared_replacements``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pytensor.tensor as pt
+from pymc.model import Model
+from pymc.pytensorf import compile as compile_pytensor
+from pymc.pytensorf import join_nonshared_inputs, make_shared_replacements
+from pymc.vartypes import discrete_types
+from pytensor.graph.basic import Variable
+from pytensor.graph.replace import clone_replace
+
+from pymc_subsample.model.rows import RowLayout, find_row_layout, row_loglik_graph
+
+__all__ = ["ModelOracles", "build_oracles", "check_continuous"]
+
+#: Fixed seed of the construction-time self-check (deterministic, not a statistical test).
+_SELF_CHECK_SEED = 20140614
+
+
+@dataclass(frozen=True)
+class ModelOracles:
+    """Compiled functions of the raveled unconstrained parameter vector ``q``.
+
+    Attributes
+    ----------
+    n_rows : int
+        Number of rows N on the row axis.
+    n_params : int
+        Length of ``q``.
+    log_prior : callable
+        ``log_prior(q) -> float``: free-variable log-densities with transform Jacobians,
+        Potentials, and observed terms off the row axis.
+    loglik_rows : callable
+        ``loglik_rows(q, idx) -> ndarray``: per-row log-likelihood of rows ``idx`` (int64).
+    loglik_ratio_rows : callable
+        ``loglik_ratio_rows(q_new, q_old, idx) -> ndarray``: per-row
+        ``loglik_i(q_new) - loglik_i(q_old)`` in one call.
+    layout : RowLayout
+        Which observed variables were subsampled and which are evaluated in full.
+    shared : dict
+        Shared variables standing for model variables this step does not sample.
+    """
+
+    n_rows: int
+    n_params: int
+    log_prior: Callable[[np.ndarray], float]
+    loglik_rows: Callable[[np.ndarray, np.ndarray], np.ndarray]
+    loglik_ratio_rows: Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
+    layout: RowLayout
+    shared: dict[Variable, Variable]
+
+
+def check_continuous(model: Model, vars: Sequence[Variable]) -> None:
+    """Refuse discrete value variables: the random-walk proposals are continuous."""
+    discrete = [v.name for v in vars if v.dtype in discrete_types]
+    if discrete:
+        raise ValueError(
+            f"Discrete variables {discrete} cannot be sampled by a pymc_subsample step. "
+            "Pass only continuous variables in `vars` and let pm.sample assign another step "
+            "(for example pm.Metropolis or pm.CategoricalGibbsMetropolis) to the discrete ones."
+        )
+
+
+def build_oracles(
+    model: Model,
+    vars: Sequence[Variable],
+    *,
+    initial_point: dict[str, np.ndarray],
+    obs_dim: str | None = None,
+    compile_kwargs: dict[str, Any] | None = None,
+) -> ModelOracles:
+    """Read the model once and compile the per-row and prior functions for ``vars``.
+
+    Parameters
+    ----------
+    model : pymc.Model
+        The user's model.
+    vars : sequence of TensorVariable
+        Value variables sampled by the step.
+    initial_point : dict
+        A point of the model (``model.initial_point()``), used for shapes and the self-check.
+    obs_dim : str, optional
+        Name of the row dimension; see :func:`pymc_subsample.model.rows.find_row_layout`.
+    compile_kwargs : dict, optional
+        Passed to PyTensor's compiler, e.g. ``{"mode": "NUMBA"}`` or ``{"mode": "JAX"}``.
+
+    Returns
+    -------
+    ModelOracles
+
+    Raises
+    ------
+    ValueError
+        If the per-row values on a few rows differ from the full model's (a reduction over rows
+        inside the model), or the initial point has a non-finite log-density.
+    """
+    check_continuous(model, vars)
+    layout = find_row_layout(model, obs_dim)
+    idx = pt.vector("row_idx", dtype="int64")
+    rows_logp, full_logp = row_loglik_graph(model, layout, idx)
+    prior = model.logp(vars=[*model.free_RVs, *model.potentials, *layout.full_rvs])
+
+    shared = make_shared_replacements(initial_point, vars, model)
+    [rows_q, full_q, prior_q], q = join_nonshared_inputs(
+        initial_point, [rows_logp, full_logp, prior], vars, shared
+    )
+    q_old = q.type("q_old")
+    rows_q_old = clone_replace(rows_q, replace={q: q_old})
+
+    kwargs = dict(compile_kwargs or {})
+    f_rows = _compile([q, idx], rows_q, kwargs)
+    f_ratio = _compile([q, q_old, idx], rows_q - rows_q_old, kwargs)
+    f_prior = _compile([q], prior_q, kwargs)
+    f_check = _compile([q, idx], [rows_q, full_q], kwargs)
+
+    q0 = np.concatenate([np.ravel(initial_point[v.name]) for v in vars]).astype("float64")
+    _self_check(f_check, f_prior, q0, layout)
+    return ModelOracles(
+        n_rows=layout.n_rows,
+        n_params=q0.size,
+        log_prior=lambda q: float(f_prior(q)),
+        loglik_rows=f_rows,
+        loglik_ratio_rows=f_ratio,
+        layout=layout,
+        shared=shared,
+    )
+
+
+def _compile(inputs: list[Variable], outputs: Any, kwargs: dict[str, Any]) -> Callable:
+    function = compile_pytensor(inputs, outputs, **kwargs)
+    function.trust_input = True
+    return function
+
+
+def _self_check(f_check: Callable, f_prior: Callable, q0: np.ndarray, layout: RowLayout) -> None:
+    """Compare per-row values on a few rows against the full model, at q0 and a jittered point."""
+    n_rows = layout.n_rows
+    check_rng = np.random.default_rng(_SELF_CHECK_SEED)
+    sample = check_rng.choice(n_rows, size=min(n_rows, 6), replace=False)
+    rows = np.unique(np.concatenate([[0, n_rows - 1], sample])).astype("int64")
+    names = [rv.name for rv in layout.row_rvs]
+    points = [q0, q0 + check_rng.normal(scale=0.3, size=q0.size)]
+    for point_index, q in enumerate(points):
+        try:
+            subset, full = f_check(q, rows)
+        except Exception as error:
+            raise ValueError(
+                f"The likelihood of {names} could not be evaluated on a subset of rows "
+                f"({type(error).__name__}: {error}). Per-row latent variables (a free variable "
+                "with one entry per row) cannot be subsampled; if some array of length "
+                f"N={n_rows} is not row-aligned, give the rows a named dim and pass obs_dim."
+            ) from error
+        if point_index == 0:
+            _check_initial_finite(full, float(f_prior(q)), names)
+        if not np.allclose(subset, full[rows], rtol=1e-6, atol=1e-8, equal_nan=True):
+            raise ValueError(
+                f"Self-check failed: the log-likelihood of {names} evaluated on a subset of rows "
+                "differs from the full model's value for the same rows. The model probably "
+                "transforms data with a reduction over rows (for example standardising with "
+                "X.mean(0) inside the model): do that in numpy before building the model. If an "
+                f"array of length N={n_rows} is not row-aligned, name the row dim via obs_dim."
+            )
+
+
+def _check_initial_finite(full_rows: np.ndarray, log_prior: float, names: list[str]) -> None:
+    bad = np.flatnonzero(~np.isfinite(full_rows))
+    if bad.size:
+        raise ValueError(
+            f"The log-likelihood of {names} is not finite at the initial point for rows "
+            f"{bad[:10].tolist()} ({bad.size} rows in all). Check the data for NaN/inf and "
+            "choose initial values (pm.sample(initvals=...)) where every row has positive density."
+        )
+    if not np.isfinite(log_prior):
+        raise ValueError(
+            "The prior log-density is not finite at the initial point. Give initial values "
+            "inside the support with pm.sample(initvals=...) or the variables' `initval`."
+        )

@@ -1,0 +1,229 @@
+"""Find the row axis of a model and rebuild its likelihood as per-row terms for chosen rows.
+
+The graph surgery follows the route recorded in DESIGN.md section 5: for each observed variable
+on the row axis, unwrap the ``total_size`` wrapper, rebuild the random variable on the model's
+value variables, resize its batch dimension to ``len(idx)`` with ``change_dist_size``, replace
+every row-aligned data input ``D`` by ``D[idx]`` and take ``logp(rv, value[idx])``. The result
+costs O(len(idx)) to evaluate, whatever the number of rows.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from pymc.data import MinibatchIndexRV
+from pymc.distributions.shape_utils import change_dist_size
+from pymc.logprob.basic import logp
+from pymc.model import Model
+from pymc.variational.minibatch_rv import MinibatchRandomVariable
+from pytensor.compile.sharedvalue import SharedVariable
+from pytensor.graph.basic import Constant, Variable
+from pytensor.graph.replace import clone_replace
+from pytensor.graph.traversal import ancestors
+from pytensor.tensor.type import TensorType
+
+from pymc_subsample.warnings import SubsampleWarning
+
+__all__ = ["RowLayout", "find_row_layout", "row_loglik_graph"]
+
+#: Observed variables off the row axis with more elements than this are costly to evaluate in
+#: full at every step; the user is warned.
+LARGE_FULL_TERM = 10_000
+
+
+@dataclass(frozen=True)
+class RowLayout:
+    """Which observed variables share the row axis, and how long it is.
+
+    Attributes
+    ----------
+    n_rows : int
+        Number of rows N.
+    row_rvs : tuple of TensorVariable
+        Observed variables whose leading axis is the row axis: subsampled.
+    full_rvs : tuple of TensorVariable
+        Observed variables off the row axis: evaluated in full with the prior at every step.
+    obs_dim : str or None
+        The named dimension of the rows, when known.
+    """
+
+    n_rows: int
+    row_rvs: tuple[Variable, ...]
+    full_rvs: tuple[Variable, ...]
+    obs_dim: str | None
+
+
+def _observed_shape(model: Model, rv: Variable) -> tuple[int, ...]:
+    value = model.rvs_to_values[rv]
+    if any(
+        v.owner is not None and isinstance(v.owner.op, MinibatchIndexRV) for v in ancestors([value])
+    ):
+        raise ValueError(
+            f"Observed variable {rv.name!r} uses pm.Minibatch data. pymc_subsample draws its own "
+            "rows: pass the full data arrays (numpy arrays or pm.Data) instead of pm.Minibatch."
+        )
+    return tuple(int(s) for s in value.shape.eval())
+
+
+def find_row_layout(model: Model, obs_dim: str | None = None) -> RowLayout:
+    """Split the model's observed variables into those on the row axis and the rest.
+
+    Parameters
+    ----------
+    model : pymc.Model
+        The user's model.
+    obs_dim : str, optional
+        Name of the row dimension (a key of ``model.coords``). Without it the rows are the
+        leading axis of the observed variables with the longest leading axis.
+
+    Returns
+    -------
+    RowLayout
+
+    Raises
+    ------
+    ValueError
+        When the model has no observed variable, or none lies on ``obs_dim``.
+    """
+    observed = list(model.observed_RVs)
+    if not observed:
+        raise ValueError(
+            "The model has no observed variables, so there are no rows to subsample. "
+            "A likelihood written as pm.Potential cannot be split into rows: write it as an "
+            "observed distribution (pm.CustomDist(..., observed=data) if need be)."
+        )
+    shapes = {rv: _observed_shape(model, rv) for rv in observed}
+    if obs_dim is not None:
+        if obs_dim not in model.coords:
+            raise ValueError(
+                f"obs_dim={obs_dim!r} is not a dimension of the model; its dims are "
+                f"{sorted(model.coords)}. Pass the name given in `coords` for the rows."
+            )
+        n_rows = len(model.coords[obs_dim])
+        row_rvs = [
+            rv for rv in observed if (model.named_vars_to_dims.get(rv.name) or (None,))[0] == obs_dim
+        ]
+        if not row_rvs:
+            raise ValueError(
+                f"No observed variable has obs_dim={obs_dim!r} as its first dimension. Declare "
+                f"it with dims=({obs_dim!r}, ...) on the observed variables."
+            )
+    else:
+        lengths = [shape[0] for shape in shapes.values() if len(shape) > 0]
+        if not lengths:
+            raise ValueError(
+                "Every observed variable is a scalar, so there are no rows to subsample."
+            )
+        n_rows = max(lengths)
+        row_rvs = [rv for rv in observed if len(shapes[rv]) > 0 and shapes[rv][0] == n_rows]
+    full_rvs = [rv for rv in observed if rv not in row_rvs]
+    _warn_large_full_terms(full_rvs, shapes)
+    return RowLayout(n_rows, tuple(row_rvs), tuple(full_rvs), obs_dim)
+
+
+def _warn_large_full_terms(full_rvs: Sequence[Variable], shapes: dict) -> None:
+    large = [rv.name for rv in full_rvs if int(np.prod(shapes[rv])) > LARGE_FULL_TERM]
+    if large:
+        warnings.warn(
+            f"Observed variables {large} are not on the row axis and are evaluated in full at "
+            "every step, which costs as much as their size. If they share the rows, give them "
+            "the same leading dimension and pass obs_dim=<that dimension's name>.",
+            SubsampleWarning,
+            stacklevel=3,
+        )
+
+
+def _unwrap_total_size(rv: Variable) -> Variable:
+    if rv.owner is not None and isinstance(rv.owner.op, MinibatchRandomVariable):
+        return rv.owner.inputs[0]
+    return rv
+
+
+def _rebuild_on_values(model: Model, rv: Variable) -> Variable:
+    """Clone ``rv``'s node with every random variable among its inputs replaced by its value."""
+    node = rv.owner
+    new_inputs = model.replace_rvs_by_values(node.inputs)
+    new_node = node.clone_with_new_inputs(new_inputs, strict=False)
+    return new_node.outputs[node.outputs.index(rv)]
+
+
+def _row_aligned_data(
+    graph: Variable, model: Model, layout: RowLayout
+) -> list[Constant | SharedVariable]:
+    """Data roots of ``graph`` (constants and shared tensors) whose leading axis is the row axis."""
+    data_dims = {model[name]: dims for name, dims in model.named_vars_to_dims.items()}
+    found = []
+    for var in ancestors([graph]):
+        if var.owner is not None or not isinstance(var.type, TensorType) or var.type.ndim == 0:
+            continue
+        if isinstance(var, Constant):
+            length = var.data.shape[0]
+        elif isinstance(var, SharedVariable):
+            length = var.get_value(borrow=True).shape[0]
+        else:
+            continue
+        dims = data_dims.get(var)
+        if layout.obs_dim is not None and dims is not None:
+            aligned = dims[0] == layout.obs_dim
+        else:
+            aligned = length == layout.n_rows
+        if aligned:
+            found.append(var)
+    return found
+
+
+def _sum_trailing(per_element: Variable) -> Variable:
+    if per_element.ndim > 1:
+        return per_element.sum(axis=tuple(range(1, per_element.ndim)))
+    return per_element
+
+
+def row_loglik_graph(
+    model: Model, layout: RowLayout, idx: Variable
+) -> tuple[Variable, Variable]:
+    """Build the per-row log-likelihood for rows ``idx`` and for all rows.
+
+    Parameters
+    ----------
+    model : pymc.Model
+        The user's model.
+    layout : RowLayout
+        Output of :func:`find_row_layout`.
+    idx : TensorVariable
+        Symbolic int64 vector of row indices.
+
+    Returns
+    -------
+    rows_logp : TensorVariable
+        Vector of length ``len(idx)``: the sum over observed row variables of each row's
+        log-likelihood, a graph of the model's value variables and ``idx``.
+    full_logp : TensorVariable
+        Vector of length N, the same for all rows without any indexing (the self-check's
+        reference).
+    """
+    n_idx = idx.shape[0]
+    rows_terms, full_terms = [], []
+    for observed_rv in layout.row_rvs:
+        value = model.rvs_to_values[observed_rv]
+        rv = _rebuild_on_values(model, _unwrap_total_size(observed_rv))
+        full_terms.append(_sum_trailing(logp(rv, value)))
+
+        ndim_supp = getattr(rv.owner.op, "ndim_supp", 0)
+        batch_shape = tuple(value.shape.eval())[: value.ndim - ndim_supp]
+        resized = change_dist_size(rv, new_size=(n_idx, *batch_shape[1:]))
+        data = _row_aligned_data(resized, model, layout)
+        subset = clone_replace(
+            resized, replace={d: d[idx] for d in data}, rebuild_strict=False
+        )
+        rows_terms.append(_sum_trailing(logp(subset, value[idx])))
+    return _total(rows_terms), _total(full_terms)
+
+
+def _total(terms: list[Variable]) -> Variable:
+    total = terms[0]
+    for term in terms[1:]:
+        total = total + term
+    return total

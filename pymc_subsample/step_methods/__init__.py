@@ -1,0 +1,5 @@
+"""PyMC step methods: argument checks, per-chain state and stats around the kernels."""
+
+from pymc_subsample.step_methods.austerity import AusterityMH
+
+__all__ = ["AusterityMH"]

@@ -1,0 +1,189 @@
+"""What every subsampling Metropolis-Hastings step shares: oracles, proposal, tuning, PyMC glue.
+
+A subclass supplies ``_decide(log_ratio_rows, log_prior_proposal_ratio)``, which runs its test
+kernel and returns a NamedTuple whose fields are stat names, and declares those stats (plus
+``scaling``) in ``stats_dtypes_shapes``.
+"""
+
+from __future__ import annotations
+
+import warnings
+from abc import abstractmethod
+from collections.abc import Callable, Sequence
+from functools import partial
+from typing import Any, NamedTuple
+
+import numpy as np
+import pymc as pm
+from numpy.typing import ArrayLike
+from pymc.blocking import RaveledVars
+from pymc.step_methods.arraystep import ArrayStepShared
+from pymc.step_methods.compound import Competence, StepMethodState
+from pymc.step_methods.metropolis import tune as tune_scaling
+from pymc.step_methods.state import dataclass_state
+from pymc.util import RandomGenerator, get_random_generator, get_value_vars_from_user_vars
+from pytensor.graph.basic import Variable
+
+from pymc_subsample.kernels.proposals import RandomWalkProposal
+from pymc_subsample.kernels.row_sampler import RowSampler
+from pymc_subsample.model.oracles import ModelOracles, build_oracles
+from pymc_subsample.step_methods.progress import make_progressbar_updaters, progressbar_config
+from pymc_subsample.warnings import SubsampleWarning
+
+__all__ = ["SubsampleMHState", "SubsampleMetropolisBase"]
+
+
+@dataclass_state
+class SubsampleMHState(StepMethodState):
+    """Every adaptive attribute, so that PyMC restores it before each sequential chain."""
+
+    scaling: float
+    tune: bool
+    steps_until_tune: int
+    accepted_since_tune: int
+
+
+class SubsampleMetropolisBase(ArrayStepShared):
+    """Random-walk Metropolis-Hastings whose accept test looks at a subset of the rows."""
+
+    _state_class = SubsampleMHState
+    default_blocked = True
+    _progressbar_config = staticmethod(progressbar_config)
+    _make_progressbar_update_functions = staticmethod(make_progressbar_updaters)
+
+    def __init__(
+        self,
+        vars: Sequence[Variable] | None = None,
+        *,
+        batch_size: int,
+        scaling: float | None,
+        proposal_cov: ArrayLike | None,
+        tune_interval: int,
+        obs_dim: str | None,
+        model: pm.Model | None,
+        rng: RandomGenerator,
+        compile_kwargs: dict[str, Any] | None,
+        blocked: bool = True,
+    ) -> None:
+        model = pm.modelcontext(model)
+        vars = model.value_vars if vars is None else get_value_vars_from_user_vars(vars, model)
+        self.batch_size = _check_int("batch_size", batch_size, minimum=2)
+        self.tune_interval = _check_int("tune_interval", tune_interval, minimum=1)
+        if compile_kwargs is not None and not isinstance(compile_kwargs, dict):
+            raise TypeError(
+                f"compile_kwargs must be a dict such as {{'mode': 'NUMBA'}}, got {compile_kwargs!r}."
+            )
+        initial_point = model.initial_point()
+        self.oracles: ModelOracles = build_oracles(
+            model,
+            vars,
+            initial_point=initial_point,
+            obs_dim=obs_dim,
+            compile_kwargs=compile_kwargs,
+        )
+        n_params = self.oracles.n_params
+        self.proposal = RandomWalkProposal(n_params, proposal_cov)
+        self._initial_scaling = _check_scaling(scaling, n_params)
+        self.scaling = self._initial_scaling
+        self.tune = True
+        self.steps_until_tune = self.tune_interval
+        self.accepted_since_tune = 0
+        self.row_sampler = RowSampler(self.oracles.n_rows)
+        _warn_row_length_deterministics(model, initial_point, self.oracles.n_rows)
+        super().__init__(vars, self.oracles.shared, blocked=blocked, rng=rng)
+
+    @property
+    def n_rows(self) -> int:
+        """Number of rows N on the row axis."""
+        return self.oracles.n_rows
+
+    def astep(self, q0: RaveledVars) -> tuple[RaveledVars, list[dict[str, Any]]]:
+        """Propose by random walk and accept with the subclass's subsampled test."""
+        if self.tune and self.steps_until_tune == 0:
+            self._adapt_scaling()
+        q_old = q0.data
+        q_new, log_proposal_ratio = self.proposal(self.rng, q_old, self.scaling)
+        log_prior_proposal_ratio = (
+            self.oracles.log_prior(q_new) - self.oracles.log_prior(q_old) + log_proposal_ratio
+        )
+        if np.isnan(log_prior_proposal_ratio):
+            log_prior_proposal_ratio = -np.inf
+        decision = self._decide(
+            partial(self.oracles.loglik_ratio_rows, q_new, q_old), log_prior_proposal_ratio
+        )
+        self.steps_until_tune -= 1
+        self.accepted_since_tune += int(decision.accepted)
+        stats = {**decision._asdict(), "scaling": float(self.scaling)}
+        q = q_new if decision.accepted else q_old
+        return RaveledVars(q, q0.point_map_info), [stats]
+
+    @abstractmethod
+    def _decide(
+        self, log_ratio_rows: Callable[[np.ndarray], np.ndarray], log_prior_proposal_ratio: float
+    ) -> NamedTuple:
+        """Run the subclass's test kernel; the result's fields are stat names."""
+
+    def _adapt_scaling(self) -> None:
+        acceptance = self.accepted_since_tune / self.tune_interval
+        self.scaling = float(tune_scaling(self.scaling, acceptance))
+        self.steps_until_tune = self.tune_interval
+        self.accepted_since_tune = 0
+
+    def reset_tuning(self) -> None:
+        """Return the adaptive proposal scale and counters to their initial values."""
+        self.scaling = self._initial_scaling
+        self.steps_until_tune = self.tune_interval
+        self.accepted_since_tune = 0
+
+    # PyMC 6 calls setup_chain, PyMC 5 calls set_rng: both seed the chain's generator.
+    def setup_chain(self, rng: RandomGenerator, tune: int, draws: int) -> None:
+        """Use the chain's random generator (PyMC 6 hook)."""
+        self.rng = get_random_generator(rng, copy=False)
+
+    def set_rng(self, rng: RandomGenerator) -> None:
+        """Use the chain's random generator (PyMC 5 hook)."""
+        self.rng = get_random_generator(rng, copy=False)
+
+    @staticmethod
+    def competence(var: Variable, has_grad: bool) -> Competence:
+        """Never assigned automatically: the test is approximate and must be chosen knowingly."""
+        return Competence.INCOMPATIBLE
+
+
+def _check_int(name: str, value: Any, *, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}.")
+    return int(value)
+
+
+def _check_scaling(scaling: float | None, n_params: int) -> float:
+    if scaling is None:
+        # Roberts, Gelman and Gilks (1997): 2.38 / sqrt(d) for a proposal on the posterior scale.
+        return 2.38 / np.sqrt(n_params)
+    value = float(scaling)
+    if not (np.isfinite(value) and value > 0):
+        raise ValueError(f"scaling must be a positive finite number, got {scaling!r}.")
+    return value
+
+
+def _warn_row_length_deterministics(
+    model: pm.Model, initial_point: dict[str, np.ndarray], n_rows: int
+) -> None:
+    if not model.deterministics:
+        return
+    shapes = model.compile_fn(
+        [det.shape for det in model.deterministics], point_fn=True, on_unused_input="ignore"
+    )(initial_point)
+    long = [
+        det.name
+        for det, shape in zip(model.deterministics, shapes, strict=True)
+        if len(shape) > 0 and shape[0] == n_rows
+    ]
+    if long:
+        warnings.warn(
+            f"Deterministics {long} have one entry per row; PyMC evaluates them in full at every "
+            "recorded draw, which costs O(N) whatever the step does. Leave them out with "
+            "pm.sample(var_names=[...]) and compute them afterwards if needed.",
+            SubsampleWarning,
+            stacklevel=4,
+        )
