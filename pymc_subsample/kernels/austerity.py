@@ -13,6 +13,7 @@ level ``error_tolerance`` (the paper's epsilon). With all N rows it makes the ex
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -122,15 +123,14 @@ def sequential_mh_test(
     n_rows = rows.n_rows
     threshold = _threshold(log_u, log_prior_proposal_ratio, n_rows)
     rows.start_test()
-    moments, total, n_batches = EMPTY, 0.0, 0
+    moments, n_batches = EMPTY, 0
     while True:
-        values = log_ratio_rows(rows.draw(rng, batch_size))
+        moments = add_batch(moments, log_ratio_rows(rows.draw(rng, batch_size)))
         n_batches += 1
-        if not np.isfinite(values).all():
-            return AusterityDecision(False, rows.n_taken, n_batches, False, True)
-        moments = add_batch(moments, values)
-        total += float(values.sum())
+        if not math.isfinite(moments.mean):  # a NaN or infinite l_i: reject
+            return AusterityDecision(False, moments.count, n_batches, False, True)
         if moments.count == n_rows:
+            total = moments.mean * n_rows
             accepted = _exact_decision(total, log_prior_proposal_ratio, log_u)
             return AusterityDecision(accepted, n_rows, n_batches, True, False)
         std_error = mean_standard_error(moments, n_rows)
@@ -156,10 +156,9 @@ def exact_mh_test(
         return AusterityDecision(False, 0, 0, False, True)
     total = 0.0
     for start in range(0, n_rows, FULL_PASS_CHUNK):
-        values = log_ratio_rows(np.arange(start, min(start + FULL_PASS_CHUNK, n_rows)))
-        if not np.isfinite(values).all():
-            return AusterityDecision(False, n_rows, 1, True, True)
-        total += float(values.sum())
+        total += float(log_ratio_rows(np.arange(start, min(start + FULL_PASS_CHUNK, n_rows))).sum())
+    if not math.isfinite(total):
+        return AusterityDecision(False, n_rows, 1, True, True)
     accepted = _exact_decision(total, log_prior_proposal_ratio, log_u)
     return AusterityDecision(accepted, n_rows, 1, True, False)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import numpy as np
@@ -32,9 +33,11 @@ def add_batch(moments: RunningMoments, values: np.ndarray) -> RunningMoments:
     n_batch = values.size
     if n_batch == 0:
         return moments
-    batch_mean = float(values.mean())
-    batch_sq_dev = float(np.square(values - batch_mean).sum())
+    batch_mean = float(values.sum()) / n_batch
     count = moments.count + n_batch
+    if not math.isfinite(batch_mean):  # a NaN or infinite value: the caller rejects
+        return RunningMoments(count, batch_mean, math.nan)
+    batch_sq_dev = float(np.square(values - batch_mean).sum())
     delta = batch_mean - moments.mean
     mean = moments.mean + delta * n_batch / count
     sum_sq_dev = moments.sum_sq_dev + batch_sq_dev + delta**2 * moments.count * n_batch / count

@@ -89,7 +89,8 @@ class RowSampler:
         needed = size
         while needed > 0:
             candidates = rng.integers(0, self.n_rows, size=needed)
-            candidates = candidates[self._stamps[candidates] < self._test_start]
+            if self._n_taken > 0 or batches:
+                candidates = candidates[self._stamps[candidates] < self._test_start]
             stamps = self._next_stamp + np.arange(candidates.size)
             self._stamps[candidates] = stamps
             # Where a row was proposed twice, only its last stamp survives: keep that copy.

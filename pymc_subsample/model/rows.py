@@ -2,9 +2,9 @@
 
 The graph surgery follows the route recorded in DESIGN.md section 5: for each observed variable
 on the row axis, unwrap the ``total_size`` wrapper, rebuild the random variable on the model's
-value variables, resize its batch dimension to ``len(idx)`` with ``change_dist_size``, replace
-every row-aligned data input ``D`` by ``D[idx]`` and take ``logp(rv, value[idx])``. The result
-costs O(len(idx)) to evaluate, whatever the number of rows.
+value variables, resize its batch dimension to the number of selected rows with
+``change_dist_size``, replace every row-aligned data input ``D`` by a placeholder for ``D[idx]``
+and take ``logp(rv, value[idx])``. The result costs O(len(idx)) to evaluate, whatever N is.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from pymc.data import MinibatchIndexRV
+from pymc.data import MinibatchIndexRV, MinibatchOp
 from pymc.distributions.shape_utils import change_dist_size
 from pymc.logprob.basic import logp
 from pymc.model import Model
@@ -27,7 +27,7 @@ from pytensor.tensor.type import TensorType
 
 from pymc_subsample.warnings import SubsampleWarning
 
-__all__ = ["RowLayout", "find_row_layout", "row_loglik_graph"]
+__all__ = ["RowGraph", "RowLayout", "find_row_layout", "row_loglik_graph"]
 
 #: Observed variables off the row axis with more elements than this are costly to evaluate in
 #: full at every step; the user is warned.
@@ -59,7 +59,8 @@ class RowLayout:
 def _observed_shape(model: Model, rv: Variable) -> tuple[int, ...]:
     value = model.rvs_to_values[rv]
     if any(
-        v.owner is not None and isinstance(v.owner.op, MinibatchIndexRV) for v in ancestors([value])
+        v.owner is not None and isinstance(v.owner.op, MinibatchIndexRV | MinibatchOp)
+        for v in ancestors([value])
     ):
         raise ValueError(
             f"Observed variable {rv.name!r} uses pm.Minibatch data. pymc_subsample draws its own "
@@ -181,45 +182,67 @@ def _sum_trailing(per_element: Variable) -> Variable:
     return per_element
 
 
-def row_loglik_graph(
-    model: Model, layout: RowLayout, idx: Variable
-) -> tuple[Variable, Variable]:
-    """Build the per-row log-likelihood for rows ``idx`` and for all rows.
+@dataclass(frozen=True)
+class RowGraph:
+    """Per-row log-likelihood graphs.
 
-    Parameters
+    Attributes
     ----------
-    model : pymc.Model
-        The user's model.
-    layout : RowLayout
-        Output of :func:`find_row_layout`.
-    idx : TensorVariable
-        Symbolic int64 vector of row indices.
-
-    Returns
-    -------
     rows_logp : TensorVariable
-        Vector of length ``len(idx)``: the sum over observed row variables of each row's
-        log-likelihood, a graph of the model's value variables and ``idx``.
+        Vector with one entry per selected row: the sum over observed row variables of each
+        row's log-likelihood. A graph of the model's value variables and ``row_inputs``.
+    row_inputs : tuple of TensorVariable
+        Placeholders standing for ``data[idx]``, one per row-aligned data array.
+    row_data : tuple of Variable
+        The row-aligned data arrays (constants or shared variables), in the order of
+        ``row_inputs``; the caller gathers their rows (``np.take(data, idx, axis=0)``).
     full_logp : TensorVariable
-        Vector of length N, the same for all rows without any indexing (the self-check's
+        Vector of length N: the same for all rows, without any indexing (the self-check's
         reference).
     """
-    n_idx = idx.shape[0]
+
+    rows_logp: Variable
+    row_inputs: tuple[Variable, ...]
+    row_data: tuple[Variable, ...]
+    full_logp: Variable
+
+
+def row_loglik_graph(model: Model, layout: RowLayout) -> RowGraph:
+    """Build the per-row log-likelihood on row subsets of the data, and on all rows.
+
+    The row subsets enter the graph as inputs rather than as ``data[idx]`` inside it, so that
+    the compiled function never sees an array of length N and the gather runs in NumPy's fast
+    ``take``.
+    """
+    placeholders: dict[Variable, Variable] = {}
+
+    def placeholder(data: Variable) -> Variable:
+        if data not in placeholders:
+            subset_type = data.type.clone(shape=(None, *data.type.shape[1:]))
+            placeholders[data] = subset_type(name=f"{data.name or 'data'}_rows")
+        return placeholders[data]
+
     rows_terms, full_terms = [], []
     for observed_rv in layout.row_rvs:
         value = model.rvs_to_values[observed_rv]
         rv = _rebuild_on_values(model, _unwrap_total_size(observed_rv))
         full_terms.append(_sum_trailing(logp(rv, value)))
 
+        value_rows = placeholder(value)
         ndim_supp = getattr(rv.owner.op, "ndim_supp", 0)
         batch_shape = tuple(value.shape.eval())[: value.ndim - ndim_supp]
-        resized = change_dist_size(rv, new_size=(n_idx, *batch_shape[1:]))
+        resized = change_dist_size(rv, new_size=(value_rows.shape[0], *batch_shape[1:]))
         data = _row_aligned_data(resized, model, layout)
         subset = clone_replace(
-            resized, replace={d: d[idx] for d in data}, rebuild_strict=False
+            resized, replace={d: placeholder(d) for d in data}, rebuild_strict=False
         )
-        rows_terms.append(_sum_trailing(logp(subset, value[idx])))
-    return _total(rows_terms), _total(full_terms)
+        rows_terms.append(_sum_trailing(logp(subset, value_rows)))
+    return RowGraph(
+        rows_logp=_total(rows_terms),
+        row_inputs=tuple(placeholders.values()),
+        row_data=tuple(placeholders),
+        full_logp=_total(full_terms),
+    )
 
 
 def _total(terms: list[Variable]) -> Variable:

@@ -103,9 +103,7 @@ class SubsampleMetropolisBase(ArrayStepShared):
             self._adapt_scaling()
         q_old = q0.data
         q_new, log_proposal_ratio = self.proposal(self.rng, q_old, self.scaling)
-        log_prior_proposal_ratio = (
-            self.oracles.log_prior(q_new) - self.oracles.log_prior(q_old) + log_proposal_ratio
-        )
+        log_prior_proposal_ratio = self.oracles.log_prior_ratio(q_new, q_old) + log_proposal_ratio
         if np.isnan(log_prior_proposal_ratio):
             log_prior_proposal_ratio = -np.inf
         decision = self._decide(

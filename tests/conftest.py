@@ -1,0 +1,39 @@
+"""Shared fixtures: small PyMC models with exact posteriors."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pymc as pm
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+
+def linear_regression_data(n_rows: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n_rows, 3))
+    y = X @ np.array([1.0, -2.0, 0.5]) + rng.normal(size=n_rows)
+    return X, y
+
+
+def linear_regression_posterior(X: np.ndarray, y: np.ndarray, prior_sd: float):
+    """Exact posterior of beta for y ~ N(X beta, 1), beta ~ N(0, prior_sd^2 I)."""
+    precision = X.T @ X + np.eye(X.shape[1]) / prior_sd**2
+    cov = np.linalg.inv(precision)
+    return cov @ X.T @ y, np.sqrt(np.diag(cov))
+
+
+def linear_regression_model(X: np.ndarray, y: np.ndarray, prior_sd: float = 10.0) -> pm.Model:
+    with pm.Model() as model:
+        beta = pm.Normal("beta", 0.0, prior_sd, shape=X.shape[1])
+        pm.Normal("y", X @ beta, 1.0, observed=y)
+    return model
+
+
+@pytest.fixture(scope="session")
+def small_regression():
+    X, y = linear_regression_data(400, seed=1)
+    return linear_regression_model(X, y), X, y

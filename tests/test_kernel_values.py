@@ -1,0 +1,171 @@
+"""Deterministic kernel pieces against hand-computed values, and properties (Hypothesis)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scipy.special import betainc
+
+from pymc_subsample.kernels import (
+    RowSampler,
+    RunningMoments,
+    add_batch,
+    exact_mh_test,
+    mean_standard_error,
+    sequential_mh_test,
+    t_test_error,
+)
+from pymc_subsample.kernels.moments import EMPTY
+
+KERNELS = Path(__file__).parents[1] / "pymc_subsample" / "kernels"
+
+
+def test_kernels_import_neither_pymc_nor_pytensor():
+    for path in KERNELS.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            for name in names:
+                assert name.split(".")[0] not in {"pymc", "pytensor"}, f"{path.name}: {name}"
+
+
+def test_standard_error_with_finite_population_correction_by_hand():
+    # values 1, 2, 3, 4 out of N = 10: s_l^2 = 5/3, s^2 = 5/3 / 4 * (1 - 3/9) = 5/18 (eq. 4).
+    # Without the correction (the "missing FPC" mutant) it would be 5/12: this test fails it.
+    moments = add_batch(EMPTY, np.array([1.0, 2.0, 3.0, 4.0]))
+    assert mean_standard_error(moments, 10) == pytest.approx(np.sqrt(5 / 18), rel=1e-12)
+    assert mean_standard_error(moments, 4) == 0.0
+
+
+def test_t_test_error_matches_incomplete_beta():
+    # P(T_v > t) = I_{v / (v + t^2)}(v / 2, 1 / 2) / 2, an independent route to the t tail.
+    for mean, threshold, std_error, count in [(0.2, 0.0, 0.1, 500), (-1.0, 0.5, 2.0, 3)]:
+        t = abs(mean - threshold) / std_error
+        dof = count - 1
+        expected = 0.5 * betainc(dof / 2, 0.5, dof / (dof + t**2))
+        assert t_test_error(mean, threshold, std_error, count) == pytest.approx(expected, rel=1e-9)
+
+
+def test_t_test_error_with_zero_standard_error():
+    assert t_test_error(1.0, 0.0, 0.0, 10) == 0.0
+    assert t_test_error(0.0, 0.0, 0.0, 10) == 1.0
+
+
+@given(st.lists(st.lists(st.floats(-1e3, 1e3), min_size=1, max_size=20), min_size=1, max_size=5))
+@settings(max_examples=50, deadline=None)
+def test_running_moments_equal_numpy(batches):
+    moments = EMPTY
+    for batch in batches:
+        moments = add_batch(moments, np.array(batch))
+    values = np.concatenate([np.array(b) for b in batches])
+    assert moments.count == values.size
+    assert moments.mean == pytest.approx(values.mean(), abs=1e-9)
+    assert moments.sum_sq_dev == pytest.approx(((values - values.mean()) ** 2).sum(), abs=1e-6)
+
+
+@given(
+    n_rows=st.integers(1, 3000),
+    batch=st.integers(1, 700),
+    seed=st.integers(0, 2**32 - 1),
+)
+@settings(max_examples=60, deadline=None)
+def test_row_sampler_never_repeats_and_exhausts_all_rows(n_rows, batch, seed):
+    sampler = RowSampler(n_rows)
+    rng = np.random.default_rng(seed)
+    for _ in range(2):  # a second test must see every row again
+        sampler.start_test()
+        drawn = []
+        while sampler.n_taken < n_rows:
+            rows = sampler.draw(rng, batch)
+            assert rows.size == min(batch, n_rows - (sampler.n_taken - rows.size))
+            drawn.append(rows)
+        drawn = np.concatenate(drawn)
+        assert np.array_equal(np.sort(drawn), np.arange(n_rows))
+        assert sampler.draw(rng, batch).size == 0
+
+
+def test_row_sampler_first_batches_are_uniform():
+    # Each row's inclusion count over 4000 tests of 2 batches of 30 out of 100 rows is
+    # Binomial(4000, 0.6) if sampling is uniform without replacement. A chi-square test on the
+    # 100 counts (99 dof) at level 1e-4 has false-failure rate 1e-4 and detects a row
+    # over-sampled by 10% (e.g. a biased dedup) with power near 1.
+    from scipy.stats import chi2
+
+    sampler = RowSampler(100)
+    rng = np.random.default_rng(12)
+    counts = np.zeros(100)
+    for _ in range(4000):
+        sampler.start_test()
+        for _ in range(2):
+            np.add.at(counts, sampler.draw(rng, 30), 1)
+    expected = 4000 * 0.6
+    statistic = ((counts - expected) ** 2 / (expected * 0.4)).sum()
+    assert statistic < chi2.ppf(1 - 1e-4, 99)
+
+
+def _constant_rows(value: float):
+    return lambda idx: np.full(idx.size, value)
+
+
+@given(
+    values=st.lists(st.floats(-5, 5), min_size=2, max_size=60),
+    prior_ratio=st.floats(-3, 3),
+    batch=st.integers(2, 20),
+    seed=st.integers(0, 2**32 - 1),
+)
+@settings(max_examples=80, deadline=None)
+def test_full_data_decision_equals_exact_decision_for_same_uniform(values, prior_ratio, batch, seed):
+    data = np.array(values)
+    rows = lambda idx: data[idx]  # noqa: E731
+    sampler = RowSampler(data.size)
+    sequential = sequential_mh_test(
+        np.random.default_rng(seed), rows, sampler, prior_ratio, 0.0, batch
+    )
+    exact = exact_mh_test(np.random.default_rng(seed), rows, data.size, prior_ratio)
+    assert sequential.n_data == data.size and sequential.full_data
+    assert sequential.accepted == exact.accepted
+    u = np.random.default_rng(seed).uniform()
+    assert exact.accepted == (data.sum() + prior_ratio > np.log(u))
+
+
+@pytest.mark.parametrize("bad", [np.nan, -np.inf, np.inf])
+def test_nonfinite_log_ratio_rejects_and_is_flagged(bad):
+    sampler = RowSampler(50)
+    rows = lambda idx: np.where(idx == idx[0], bad, 1.0)  # noqa: E731
+    for tolerance in (0.05, 0.0):
+        rng = np.random.default_rng(0)
+        if tolerance:
+            decision = sequential_mh_test(rng, rows, sampler, 0.0, tolerance, 10)
+        else:
+            decision = exact_mh_test(rng, rows, 50, 0.0)
+        assert not decision.accepted and decision.nonfinite_proposal
+
+
+def test_nonfinite_prior_rejects_without_data():
+    decision = sequential_mh_test(
+        np.random.default_rng(0), _constant_rows(1.0), RowSampler(10), -np.inf, 0.05, 5
+    )
+    assert decision == (False, 0, 0, False, True)
+
+
+def test_obvious_decisions_stop_at_first_batch():
+    # Every l_i = +1 with zero spread: the first batch decides "accept", l_i = -1 "reject".
+    for value, accepted in [(1.0, True), (-1.0, False)]:
+        decision = sequential_mh_test(
+            np.random.default_rng(3), _constant_rows(value), RowSampler(10_000), 0.0, 0.01, 100
+        )
+        assert decision.accepted == accepted
+        assert (decision.n_data, decision.n_batches, decision.full_data) == (100, 1, False)
+
+
+def test_running_moments_type():
+    assert add_batch(EMPTY, np.array([])) == EMPTY
+    assert isinstance(add_batch(EMPTY, np.ones(2)), RunningMoments)

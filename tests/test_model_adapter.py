@@ -1,0 +1,241 @@
+"""The model adapter: per-row log-likelihood equals PyMC's own elementwise logp on every kind."""
+
+from __future__ import annotations
+
+import importlib.util
+import warnings
+
+import numpy as np
+import pymc as pm
+import pytensor
+import pytensor.tensor as pt
+import pytest
+from pymc.blocking import DictToArrayBijection
+
+from pymc_subsample import SubsampleWarning
+from pymc_subsample.model import build_oracles, find_row_layout
+
+N = 300
+RNG = np.random.default_rng(7)
+X = RNG.normal(size=(N, 3))
+Y = X @ np.array([1.0, -2.0, 0.5]) + RNG.normal(size=N)
+GROUP = RNG.integers(0, 4, size=N)
+
+
+def numpy_regression():
+    with pm.Model() as model:
+        beta = pm.Normal("beta", 0, 10, shape=3)
+        sigma = pm.HalfNormal("sigma", 2)
+        pm.Normal("y", X @ beta, sigma, observed=Y)
+    return model
+
+
+def data_with_dims():
+    with pm.Model(coords={"obs": range(N), "feature": range(3)}) as model:
+        x = pm.Data("x", X, dims=("obs", "feature"))
+        y = pm.Data("y_data", Y, dims="obs")
+        beta = pm.Normal("beta", 0, 10, dims="feature")
+        pm.Normal("y", x @ beta, 1.0, observed=y, dims="obs")
+    return model
+
+
+def iid_student_t():
+    with pm.Model() as model:
+        mu = pm.Normal("mu", 0, 10)
+        nu = pm.Exponential("nu", 0.1)
+        pm.StudentT("y", nu=nu, mu=mu, sigma=1.0, observed=Y)
+    return model
+
+
+def total_size():
+    with pm.Model() as model:
+        beta = pm.Normal("beta", 0, 10, shape=3)
+        pm.Normal("y", X @ beta, 1.0, observed=Y, total_size=N)
+    return model
+
+
+def censored():
+    with pm.Model() as model:
+        mu = pm.Normal("mu", 0, 10)
+        pm.Censored("y", pm.Normal.dist(mu, 2.0), lower=-1.0, upper=1.0, observed=np.clip(Y, -1, 1))
+    return model
+
+
+def mv_normal_rows():
+    with pm.Model() as model:
+        mu = pm.Normal("mu", 0, 10, shape=2)
+        chol, _, _ = pm.LKJCholeskyCov("chol", n=2, eta=2.0, sd_dist=pm.Exponential.dist(1.0))
+        pm.MvNormal("y", mu, chol=chol, observed=X[:, :2])
+    return model
+
+
+def custom_dist():
+    def logp(value, mu):
+        return -0.5 * (value - mu) ** 2 - 0.5 * np.log(2 * np.pi)
+
+    with pm.Model() as model:
+        mu = pm.Normal("mu", 0, 10)
+        pm.CustomDist("y", mu, logp=logp, observed=Y)
+    return model
+
+
+def hierarchical_two_observed():
+    with pm.Model() as model:
+        group_mean = pm.Normal("group_mean", 0, 5)
+        group_sd = pm.HalfNormal("group_sd", 1)
+        effect = pm.Normal("effect", group_mean, group_sd, shape=4)
+        pm.Normal("y", effect[GROUP], 1.0, observed=Y)
+        pm.Poisson("count", pt.exp(0.1 * effect[GROUP]), observed=RNG.poisson(1.0, size=N))
+    return model
+
+
+MODELS = [
+    numpy_regression,
+    data_with_dims,
+    iid_student_t,
+    total_size,
+    censored,
+    mv_normal_rows,
+    custom_dist,
+    hierarchical_two_observed,
+]
+
+
+def _reference_rows(model, layout, point):
+    """Sum over row-aligned observed variables of PyMC's elementwise logp, per row."""
+    fn = model.compile_logp(vars=list(layout.row_rvs), sum=False, jacobian=False)
+    terms = [np.asarray(t).reshape(N, -1).sum(axis=1) for t in fn(point)]
+    return np.sum(terms, axis=0)
+
+
+def _jittered_point(model, seed):
+    point = model.initial_point()
+    rng = np.random.default_rng(seed)
+    return {name: value + 0.2 * rng.normal(size=np.shape(value)) for name, value in point.items()}
+
+
+def _modes():
+    modes = ["NUMBA", "CVM"]
+    if int(pytensor.__version__.split(".")[0]) < 3:
+        modes.append("C")
+    if importlib.util.find_spec("jax") is not None:
+        modes.append("JAX")
+    return modes
+
+
+@pytest.mark.parametrize("build", MODELS, ids=lambda f: f.__name__)
+def test_rows_match_pymc_elementwise_logp(build):
+    model = build()
+    oracles = build_oracles(model, model.value_vars, initial_point=model.initial_point())
+    assert oracles.n_rows == N
+    point = _jittered_point(model, seed=3)
+    q = DictToArrayBijection.map({v.name: point[v.name] for v in model.value_vars}).data
+    reference = _reference_rows(model, oracles.layout, point)
+    idx = np.array([0, 5, 17, 5, N - 1], dtype=np.int64)  # a repeated row is fine here
+    np.testing.assert_allclose(oracles.loglik_rows(q, idx), reference[idx], rtol=1e-8)
+    all_rows = oracles.loglik_rows(q, np.arange(N))
+    np.testing.assert_allclose(all_rows, reference, rtol=1e-8)
+    q_new = q + 0.01
+    np.testing.assert_allclose(
+        oracles.loglik_ratio_rows(q_new, q, idx),
+        oracles.loglik_rows(q_new, idx) - oracles.loglik_rows(q, idx),
+        atol=1e-10,
+    )
+    prior_terms = [*model.free_RVs, *model.potentials, *oracles.layout.full_rvs]
+    expected_prior = model.compile_logp(vars=prior_terms)(point)
+    assert oracles.log_prior(q) == pytest.approx(expected_prior, rel=1e-10)
+
+
+@pytest.mark.parametrize("mode", _modes())
+def test_backends_agree(mode):
+    model = numpy_regression()
+    point = model.initial_point()
+    oracles = build_oracles(
+        model, model.value_vars, initial_point=point, compile_kwargs={"mode": mode}
+    )
+    q = DictToArrayBijection.map(point).data + 0.1
+    reference = _reference_rows(model, oracles.layout, {**point, **DictToArrayBijection.rmap(
+        DictToArrayBijection.map(point).__class__(q, DictToArrayBijection.map(point).point_map_info)
+    )})
+    idx = np.arange(0, N, 7)
+    np.testing.assert_allclose(oracles.loglik_rows(q, idx), reference[idx], rtol=1e-8)
+
+
+def test_reduction_over_rows_is_refused():
+    with pm.Model() as model:
+        beta = pm.Normal("beta", 0, 10, shape=3)
+        data = pt.as_tensor(X)
+        standardised = (data - data.mean(0)) / data.std(0)
+        pm.Normal("y", standardised @ beta, 1.0, observed=Y)
+    with pytest.raises(ValueError, match="reduction over rows"):
+        build_oracles(model, model.value_vars, initial_point=model.initial_point())
+
+
+def test_observed_variables_of_different_lengths_subsample_the_long_one():
+    short = RNG.normal(size=20_000 // 1000)  # 20 rows: off the row axis
+    with pm.Model() as model:
+        mu = pm.Normal("mu", 0, 10)
+        pm.Normal("y", mu, 1.0, observed=Y)
+        pm.Normal("calibration", mu, 1.0, observed=short)
+    layout = find_row_layout(model)
+    assert [rv.name for rv in layout.row_rvs] == ["y"]
+    assert [rv.name for rv in layout.full_rvs] == ["calibration"]
+    oracles = build_oracles(model, model.value_vars, initial_point=model.initial_point())
+    q = np.array([0.3])
+    expected = model.compile_logp(vars=[model["mu"], model["calibration"]])({"mu": 0.3})
+    assert oracles.log_prior(q) == pytest.approx(expected)
+
+
+def test_large_off_row_observed_variable_warns():
+    with pm.Model() as model:
+        mu = pm.Normal("mu", 0, 10)
+        pm.Normal("y", mu, 1.0, observed=np.zeros(30_000))
+        pm.Normal("other", mu, 1.0, observed=np.zeros(20_000))
+    with pytest.warns(SubsampleWarning, match="evaluated in full"):
+        find_row_layout(model)
+
+
+def test_obs_dim_selects_rows_and_leaves_same_length_arrays_alone():
+    # "weights" has N entries but lives on another dim: it must not be indexed by row.
+    with pm.Model(coords={"obs": range(N), "knot": range(N)}) as model:
+        weights = pm.Data("weights", np.linspace(0, 1, N), dims="knot")
+        mu = pm.Normal("mu", 0, 10)
+        pm.Normal("y", mu + weights.sum(), 1.0, observed=Y, dims="obs")
+    oracles = build_oracles(
+        model, model.value_vars, initial_point=model.initial_point(), obs_dim="obs"
+    )
+    idx = np.array([1, 2], dtype=np.int64)
+    expected = -0.5 * (Y[idx] - 0.5 - weights.get_value().sum()) ** 2 - 0.5 * np.log(2 * np.pi)
+    np.testing.assert_allclose(oracles.loglik_rows(np.array([0.5]), idx), expected)
+
+
+def test_minibatch_data_is_refused():
+    with pm.Model() as model:
+        y_batch = pm.Minibatch(Y, batch_size=50)
+        mu = pm.Normal("mu", 0, 10)
+        pm.Normal("y", mu, 1.0, observed=y_batch, total_size=N)
+    with pytest.raises(ValueError, match="pm.Minibatch"):
+        find_row_layout(model)
+
+
+def test_unknown_obs_dim_is_refused():
+    with pytest.raises(ValueError, match="obs_dim='rows' is not a dimension"):
+        find_row_layout(data_with_dims(), obs_dim="rows")
+
+
+def test_set_data_is_seen_by_the_oracles():
+    model = data_with_dims()
+    oracles = build_oracles(model, model.value_vars, initial_point=model.initial_point())
+    q = np.array([1.0, -2.0, 0.5])
+    before = oracles.loglik_rows(q, np.array([0], dtype=np.int64))
+    with model:
+        pm.set_data({"y_data": Y + 1.0})
+    after = oracles.loglik_rows(q, np.array([0], dtype=np.int64))
+    assert not np.allclose(before, after)
+
+
+def test_no_warning_for_an_ordinary_model():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SubsampleWarning)
+        model = numpy_regression()
+        build_oracles(model, model.value_vars, initial_point=model.initial_point())
