@@ -66,7 +66,10 @@ def run_chains(
         for _ in range(n_steps):
             proposal = theta + scale * rng.standard_normal()
             rows = model.log_ratio_rows(proposal, theta)
-            scaled_rows = (lambda idx, rows=rows: log_ratio_factor * rows(idx))
+
+            def scaled_rows(idx, rows=rows):
+                return log_ratio_factor * rows(idx)
+
             prior_ratio = model.log_prior_ratio(proposal, theta)
             if error_tolerance == 0.0:
                 decision = exact_mh_test(rng, scaled_rows, model.n_rows, prior_ratio)

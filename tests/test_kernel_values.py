@@ -66,7 +66,7 @@ def test_running_moments_equal_numpy(batches):
     for batch in batches:
         moments = add_batch(moments, np.array(batch))
     values = np.concatenate([np.array(b) for b in batches])
-    assert moments.count == values.size
+    assert moments.n_values == values.size
     assert moments.mean == pytest.approx(values.mean(), abs=1e-9)
     assert moments.sum_sq_dev == pytest.approx(((values - values.mean()) ** 2).sum(), abs=1e-6)
 
@@ -122,7 +122,9 @@ def _constant_rows(value: float):
     seed=st.integers(0, 2**32 - 1),
 )
 @settings(max_examples=80, deadline=None)
-def test_full_data_decision_equals_exact_decision_for_same_uniform(values, prior_ratio, batch, seed):
+def test_full_data_decision_equals_exact_decision_for_same_uniform(
+    values, prior_ratio, batch, seed
+):
     data = np.array(values)
     rows = lambda idx: data[idx]  # noqa: E731
     sampler = RowSampler(data.size)

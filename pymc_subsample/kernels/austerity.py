@@ -48,7 +48,7 @@ class AusterityDecision(NamedTuple):
 
 
 def mean_standard_error(moments: RunningMoments, n_rows: int) -> float:
-    """Standard deviation of the batch mean with the finite-population correction (eq. 4).
+    """Return the standard deviation of the batch mean, with finite-population correction (eq. 4).
 
     ``s = s_l / sqrt(n) * sqrt(1 - (n - 1) / (N - 1))`` with ``s_l`` the sample standard
     deviation (divisor n - 1) of the n values seen.
@@ -57,8 +57,9 @@ def mean_standard_error(moments: RunningMoments, n_rows: int) -> float:
     --------
     >>> round(mean_standard_error(RunningMoments(4, 2.5, 5.0), 10), 6)  # sqrt(5/3 / 4 * 6/9)
     0.527046
+
     """
-    n = moments.count
+    n = moments.n_values
     if n >= n_rows:
         return 0.0
     sample_var = moments.sum_sq_dev / (n - 1)
@@ -75,6 +76,7 @@ def t_test_error(mean: float, threshold: float, std_error: float, count: int) ->
     --------
     >>> round(t_test_error(0.2, 0.0, 0.1, 500), 4)  # t = 2 with 499 degrees of freedom
     0.023
+
     """
     gap = mean - threshold
     if std_error == 0.0:
@@ -116,6 +118,7 @@ def sequential_mh_test(
     Returns
     -------
     AusterityDecision
+
     """
     log_u = float(np.log(rng.uniform()))
     if not np.isfinite(log_prior_proposal_ratio):
@@ -128,15 +131,15 @@ def sequential_mh_test(
         moments = add_batch(moments, log_ratio_rows(rows.draw(rng, batch_size)))
         n_batches += 1
         if not math.isfinite(moments.mean):  # a NaN or infinite l_i: reject
-            return AusterityDecision(False, moments.count, n_batches, False, True)
-        if moments.count == n_rows:
+            return AusterityDecision(False, moments.n_values, n_batches, False, True)
+        if moments.n_values == n_rows:
             total = moments.mean * n_rows
             accepted = _exact_decision(total, log_prior_proposal_ratio, log_u)
             return AusterityDecision(accepted, n_rows, n_batches, True, False)
         std_error = mean_standard_error(moments, n_rows)
-        if t_test_error(moments.mean, threshold, std_error, moments.count) < error_tolerance:
+        if t_test_error(moments.mean, threshold, std_error, moments.n_values) < error_tolerance:
             accepted = moments.mean > threshold
-            return AusterityDecision(bool(accepted), moments.count, n_batches, False, False)
+            return AusterityDecision(bool(accepted), moments.n_values, n_batches, False, False)
 
 
 def exact_mh_test(

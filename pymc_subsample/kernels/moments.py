@@ -11,9 +11,9 @@ __all__ = ["RunningMoments", "add_batch"]
 
 
 class RunningMoments(NamedTuple):
-    """Count, mean and sum of squared deviations (M2) of the values seen so far."""
+    """Number, mean and sum of squared deviations (M2) of the values seen so far."""
 
-    count: int
+    n_values: int
     mean: float
     sum_sq_dev: float
 
@@ -27,18 +27,21 @@ def add_batch(moments: RunningMoments, values: np.ndarray) -> RunningMoments:
     Examples
     --------
     >>> m = add_batch(add_batch(EMPTY, np.array([1.0, 2.0])), np.array([3.0, 4.0]))
-    >>> m.count, m.mean, m.sum_sq_dev
+    >>> m.n_values, m.mean, m.sum_sq_dev
     (4, 2.5, 5.0)
+
     """
     n_batch = values.size
     if n_batch == 0:
         return moments
     batch_mean = float(values.sum()) / n_batch
-    count = moments.count + n_batch
+    n_values = moments.n_values + n_batch
     if not math.isfinite(batch_mean):  # a NaN or infinite value: the caller rejects
-        return RunningMoments(count, batch_mean, math.nan)
+        return RunningMoments(n_values, batch_mean, math.nan)
     batch_sq_dev = float(np.square(values - batch_mean).sum())
     delta = batch_mean - moments.mean
-    mean = moments.mean + delta * n_batch / count
-    sum_sq_dev = moments.sum_sq_dev + batch_sq_dev + delta**2 * moments.count * n_batch / count
-    return RunningMoments(count, mean, sum_sq_dev)
+    mean = moments.mean + delta * n_batch / n_values
+    sum_sq_dev = (
+        moments.sum_sq_dev + batch_sq_dev + delta**2 * moments.n_values * n_batch / n_values
+    )
+    return RunningMoments(n_values, mean, sum_sq_dev)

@@ -20,6 +20,7 @@ class RandomWalkProposal:
     proposal_cov : array_like, optional
         Vector of variances (diagonal covariance) or a symmetric positive definite matrix.
         Defaults to the identity.
+
     """
 
     def __init__(self, n_params: int, proposal_cov: ArrayLike | None = None) -> None:

@@ -35,6 +35,7 @@ class RowSampler:
     >>> rows = np.concatenate([sampler.draw(rng, 4), sampler.draw(rng, 4), sampler.draw(rng, 4)])
     >>> sorted(rows.tolist()) == list(range(10))
     True
+
     """
 
     def __init__(self, n_rows: int) -> None:
@@ -72,6 +73,7 @@ class RowSampler:
         -------
         ndarray of int64
             Distinct row indices, none drawn before in this test.
+
         """
         size = min(int(size), self.n_rows - self._n_taken)
         if self._remaining is None and 2 * (self._n_taken + size) > self.n_rows:
@@ -85,7 +87,7 @@ class RowSampler:
         return rows
 
     def _draw_sparse(self, rng: np.random.Generator, size: int) -> np.ndarray:
-        batches = []
+        batches: list[np.ndarray] = []
         needed = size
         while needed > 0:
             candidates = rng.integers(0, self.n_rows, size=needed)

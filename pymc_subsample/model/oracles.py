@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from pymc.model import Model
@@ -20,6 +20,7 @@ from pymc.vartypes import discrete_types
 from pytensor.compile.sharedvalue import SharedVariable
 from pytensor.graph.basic import Variable
 from pytensor.graph.replace import clone_replace
+from pytensor.tensor.variable import TensorConstant, TensorVariable
 
 from pymc_subsample.model.rows import RowLayout, find_row_layout, row_loglik_graph
 
@@ -43,6 +44,7 @@ class ModelOracles:
         Which observed variables were subsampled and which are evaluated in full.
     shared : dict
         Shared variables standing for model variables this step does not sample.
+
     """
 
     n_rows: int
@@ -67,7 +69,9 @@ class ModelOracles:
         """Per-row log-likelihood of the int64 rows ``idx``; O(len(idx))."""
         return self._rows_fn(q, *self._gather(idx))
 
-    def loglik_ratio_rows(self, q_new: np.ndarray, q_old: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    def loglik_ratio_rows(
+        self, q_new: np.ndarray, q_old: np.ndarray, idx: np.ndarray
+    ) -> np.ndarray:
         """Per-row ``loglik_i(q_new) - loglik_i(q_old)`` of the int64 rows ``idx``, in one call."""
         return self._ratio_fn(q_new, q_old, *self._gather(idx))
 
@@ -79,10 +83,10 @@ class ModelOracles:
 def _data_value(data: Variable) -> np.ndarray:
     if isinstance(data, SharedVariable):
         return data.get_value(borrow=True)
-    return data.data
+    return cast(TensorConstant, data).data
 
 
-def check_continuous(model: Model, vars: Sequence[Variable]) -> None:
+def check_continuous(model: Model, vars: Sequence[TensorVariable]) -> None:
     """Refuse discrete value variables: the random-walk proposals are continuous."""
     discrete = [v.name for v in vars if v.dtype in discrete_types]
     if discrete:
@@ -95,7 +99,7 @@ def check_continuous(model: Model, vars: Sequence[Variable]) -> None:
 
 def build_oracles(
     model: Model,
-    vars: Sequence[Variable],
+    vars: Sequence[TensorVariable],
     *,
     initial_point: dict[str, np.ndarray],
     obs_dim: str | None = None,
@@ -125,6 +129,7 @@ def build_oracles(
     ValueError
         If the per-row values on a few rows differ from the full model's (a reduction over rows
         inside the model), or the initial point has a non-finite log-density.
+
     """
     check_continuous(model, vars)
     layout = find_row_layout(model, obs_dim)
@@ -142,7 +147,7 @@ def build_oracles(
     row_inputs = list(graph.row_inputs)
     oracles = ModelOracles(
         n_rows=layout.n_rows,
-        n_params=sum(int(np.size(initial_point[v.name])) for v in vars),
+        n_params=sum(int(np.size(initial_point[str(v.name)])) for v in vars),
         layout=layout,
         shared=shared,
         _prior_fn=_compile([q], prior_q, kwargs),
@@ -152,7 +157,7 @@ def build_oracles(
         _row_data=graph.row_data,
     )
     full_fn = _compile([q], full_q, kwargs)
-    q0 = np.concatenate([np.ravel(initial_point[v.name]) for v in vars]).astype("float64")
+    q0 = np.concatenate([np.ravel(initial_point[str(v.name)]) for v in vars]).astype("float64")
     _self_check(oracles, full_fn, q0)
     return oracles
 
@@ -169,7 +174,7 @@ def _self_check(oracles: ModelOracles, full_fn: Callable, q0: np.ndarray) -> Non
     check_rng = np.random.default_rng(_SELF_CHECK_SEED)
     sample = check_rng.choice(n_rows, size=min(n_rows, 6), replace=False)
     rows = np.unique(np.concatenate([[0, n_rows - 1], sample])).astype("int64")
-    names = [rv.name for rv in oracles.layout.row_rvs]
+    names = [str(rv.name) for rv in oracles.layout.row_rvs]
     points = [q0, q0 + check_rng.normal(scale=0.3, size=q0.size)]
     for point_index, q in enumerate(points):
         try:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 from pymc.data import MinibatchIndexRV, MinibatchOp
@@ -24,6 +25,7 @@ from pytensor.graph.basic import Constant, Variable
 from pytensor.graph.replace import clone_replace
 from pytensor.graph.traversal import ancestors
 from pytensor.tensor.type import TensorType
+from pytensor.tensor.variable import TensorVariable
 
 from pymc_subsample.warnings import SubsampleWarning
 
@@ -48,6 +50,7 @@ class RowLayout:
         Observed variables off the row axis: evaluated in full with the prior at every step.
     obs_dim : str or None
         The named dimension of the rows, when known.
+
     """
 
     n_rows: int
@@ -88,6 +91,7 @@ def find_row_layout(model: Model, obs_dim: str | None = None) -> RowLayout:
     ------
     ValueError
         When the model has no observed variable, or none lies on ``obs_dim``.
+
     """
     observed = list(model.observed_RVs)
     if not observed:
@@ -105,7 +109,9 @@ def find_row_layout(model: Model, obs_dim: str | None = None) -> RowLayout:
             )
         n_rows = len(model.coords[obs_dim])
         row_rvs = [
-            rv for rv in observed if (model.named_vars_to_dims.get(rv.name) or (None,))[0] == obs_dim
+            rv
+            for rv in observed
+            if (model.named_vars_to_dims.get(rv.name) or (None,))[0] == obs_dim
         ]
         if not row_rvs:
             raise ValueError(
@@ -143,18 +149,16 @@ def _unwrap_total_size(rv: Variable) -> Variable:
     return rv
 
 
-def _rebuild_on_values(model: Model, rv: Variable) -> Variable:
+def _rebuild_on_values(model: Model, rv: Variable) -> TensorVariable:
     """Clone ``rv``'s node with every random variable among its inputs replaced by its value."""
     node = rv.owner
     new_inputs = model.replace_rvs_by_values(node.inputs)
     new_node = node.clone_with_new_inputs(new_inputs, strict=False)
-    return new_node.outputs[node.outputs.index(rv)]
+    return cast(TensorVariable, new_node.outputs[node.outputs.index(rv)])
 
 
-def _row_aligned_data(
-    graph: Variable, model: Model, layout: RowLayout
-) -> list[Constant | SharedVariable]:
-    """Data roots of ``graph`` (constants and shared tensors) whose leading axis is the row axis."""
+def _row_aligned_data(graph: Variable, model: Model, layout: RowLayout) -> list[TensorVariable]:
+    """List the data roots of ``graph`` (constants, shared tensors) on the row axis."""
     data_dims = {model[name]: dims for name, dims in model.named_vars_to_dims.items()}
     found = []
     for var in ancestors([graph]):
@@ -172,11 +176,11 @@ def _row_aligned_data(
         else:
             aligned = length == layout.n_rows
         if aligned:
-            found.append(var)
+            found.append(cast(TensorVariable, var))
     return found
 
 
-def _sum_trailing(per_element: Variable) -> Variable:
+def _sum_trailing(per_element: TensorVariable) -> TensorVariable:
     if per_element.ndim > 1:
         return per_element.sum(axis=tuple(range(1, per_element.ndim)))
     return per_element
@@ -199,12 +203,13 @@ class RowGraph:
     full_logp : TensorVariable
         Vector of length N: the same for all rows, without any indexing (the self-check's
         reference).
+
     """
 
-    rows_logp: Variable
-    row_inputs: tuple[Variable, ...]
-    row_data: tuple[Variable, ...]
-    full_logp: Variable
+    rows_logp: TensorVariable
+    row_inputs: tuple[TensorVariable, ...]
+    row_data: tuple[TensorVariable, ...]
+    full_logp: TensorVariable
 
 
 def row_loglik_graph(model: Model, layout: RowLayout) -> RowGraph:
@@ -214,9 +219,9 @@ def row_loglik_graph(model: Model, layout: RowLayout) -> RowGraph:
     the compiled function never sees an array of length N and the gather runs in NumPy's fast
     ``take``.
     """
-    placeholders: dict[Variable, Variable] = {}
+    placeholders: dict[TensorVariable, TensorVariable] = {}
 
-    def placeholder(data: Variable) -> Variable:
+    def placeholder(data: TensorVariable) -> TensorVariable:
         if data not in placeholders:
             subset_type = data.type.clone(shape=(None, *data.type.shape[1:]))
             placeholders[data] = subset_type(name=f"{data.name or 'data'}_rows")
@@ -233,9 +238,8 @@ def row_loglik_graph(model: Model, layout: RowLayout) -> RowGraph:
         batch_shape = tuple(value.shape.eval())[: value.ndim - ndim_supp]
         resized = change_dist_size(rv, new_size=(value_rows.shape[0], *batch_shape[1:]))
         data = _row_aligned_data(resized, model, layout)
-        subset = clone_replace(
-            resized, replace={d: placeholder(d) for d in data}, rebuild_strict=False
-        )
+        replacements: dict[Variable, Variable] = {d: placeholder(d) for d in data}
+        subset = clone_replace(resized, replace=replacements, rebuild_strict=False)
         rows_terms.append(_sum_trailing(logp(subset, value_rows)))
     return RowGraph(
         rows_logp=_total(rows_terms),
@@ -245,7 +249,7 @@ def row_loglik_graph(model: Model, layout: RowLayout) -> RowGraph:
     )
 
 
-def _total(terms: list[Variable]) -> Variable:
+def _total(terms: list[TensorVariable]) -> TensorVariable:
     total = terms[0]
     for term in terms[1:]:
         total = total + term

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pymc as pm
 from numpy.typing import ArrayLike
 from pymc.util import RandomGenerator
-from pytensor.graph.basic import Variable
+from pytensor.tensor.variable import TensorVariable
 
 from pymc_subsample.kernels.austerity import (
     AusterityDecision,
@@ -96,10 +96,11 @@ class AusterityMH(SubsampleMetropolisBase):
         infinite.
     scaling : float64
         Proposal scale used for this draw.
+
     """
 
     name = "austerity_mh"
-    stats_dtypes_shapes = {
+    stats_dtypes_shapes: ClassVar[dict[str, tuple[type, list[int]]]] = {
         "accepted": (bool, []),
         "n_data": (np.int64, []),
         "n_batches": (np.int64, []),
@@ -110,7 +111,7 @@ class AusterityMH(SubsampleMetropolisBase):
 
     def __init__(
         self,
-        vars: Sequence[Variable] | None = None,
+        vars: Sequence[TensorVariable] | None = None,
         *,
         error_tolerance: float = DEFAULT_ERROR_TOLERANCE,
         batch_size: int = 500,

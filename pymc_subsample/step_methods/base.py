@@ -11,7 +11,7 @@ import warnings
 from abc import abstractmethod
 from collections.abc import Callable, Sequence
 from functools import partial
-from typing import Any, NamedTuple
+from typing import Any, Protocol
 
 import numpy as np
 import pymc as pm
@@ -23,6 +23,7 @@ from pymc.step_methods.metropolis import tune as tune_scaling
 from pymc.step_methods.state import dataclass_state
 from pymc.util import RandomGenerator, get_random_generator, get_value_vars_from_user_vars
 from pytensor.graph.basic import Variable
+from pytensor.tensor.variable import TensorVariable
 
 from pymc_subsample.kernels.proposals import RandomWalkProposal
 from pymc_subsample.kernels.row_sampler import RowSampler
@@ -31,6 +32,16 @@ from pymc_subsample.step_methods.progress import make_progressbar_updaters, prog
 from pymc_subsample.warnings import SubsampleWarning
 
 __all__ = ["SubsampleMHState", "SubsampleMetropolisBase"]
+
+
+class TestDecision(Protocol):
+    """What a test kernel returns: a NamedTuple of stats with at least ``accepted``."""
+
+    @property
+    def accepted(self) -> bool:
+        """Whether the proposal was accepted."""
+
+    def _asdict(self) -> dict[str, Any]: ...
 
 
 @dataclass_state
@@ -53,7 +64,7 @@ class SubsampleMetropolisBase(ArrayStepShared):
 
     def __init__(
         self,
-        vars: Sequence[Variable] | None = None,
+        vars: Sequence[TensorVariable] | None = None,
         *,
         batch_size: int,
         scaling: float | None,
@@ -71,7 +82,8 @@ class SubsampleMetropolisBase(ArrayStepShared):
         self.tune_interval = _check_int("tune_interval", tune_interval, minimum=1)
         if compile_kwargs is not None and not isinstance(compile_kwargs, dict):
             raise TypeError(
-                f"compile_kwargs must be a dict such as {{'mode': 'NUMBA'}}, got {compile_kwargs!r}."
+                "compile_kwargs must be a dict such as {'mode': 'NUMBA'}, "
+                f"got {compile_kwargs!r}."
             )
         initial_point = model.initial_point()
         self.oracles: ModelOracles = build_oracles(
@@ -118,7 +130,7 @@ class SubsampleMetropolisBase(ArrayStepShared):
     @abstractmethod
     def _decide(
         self, log_ratio_rows: Callable[[np.ndarray], np.ndarray], log_prior_proposal_ratio: float
-    ) -> NamedTuple:
+    ) -> TestDecision:
         """Run the subclass's test kernel; the result's fields are stat names."""
 
     def _adapt_scaling(self) -> None:
@@ -169,8 +181,9 @@ def _warn_row_length_deterministics(
 ) -> None:
     if not model.deterministics:
         return
+    shape_graphs = model.replace_rvs_by_values([det.shape for det in model.deterministics])
     shapes = model.compile_fn(
-        [det.shape for det in model.deterministics], point_fn=True, on_unused_input="ignore"
+        shape_graphs, inputs=model.value_vars, point_fn=True, on_unused_input="ignore"
     )(initial_point)
     long = [
         det.name

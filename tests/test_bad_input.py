@@ -1,0 +1,110 @@
+"""Every rejected input raises with a message that names the argument and the fix."""
+
+from __future__ import annotations
+
+import numpy as np
+import pymc as pm
+import pytensor.tensor as pt
+import pytest
+
+import pymc_subsample as pms
+
+
+def test_model_without_observed_data():
+    with pm.Model():
+        mu = pm.Normal("mu")
+        pm.Potential("likelihood", -(mu**2))
+        with pytest.raises(ValueError, match=r"no observed variables.*CustomDist"):
+            pms.AusterityMH()
+
+
+def test_discrete_variables_are_refused():
+    with pm.Model():
+        rate = pm.Exponential("rate", 1.0)
+        k = pm.Poisson("k", 3.0)
+        pm.Normal("y", rate + k, 1.0, observed=np.zeros(20))
+        with pytest.raises(ValueError, match=r"Discrete variables \['k'\].*pm.Metropolis"):
+            pms.AusterityMH()
+
+
+@pytest.mark.parametrize("value", [-0.1, 0.5, 1.0, float("nan"), "small"])
+def test_error_tolerance_range(small_regression, value):
+    with small_regression[0], pytest.raises(ValueError, match=r"error_tolerance must be in \[0"):
+        pms.AusterityMH(error_tolerance=value)
+
+
+@pytest.mark.parametrize("value", [1, 0, -5, 2.5, True])
+def test_batch_size(small_regression, value):
+    with small_regression[0], pytest.raises(ValueError, match="batch_size must be an integer >= 2"):
+        pms.AusterityMH(batch_size=value)
+
+
+def test_tune_interval(small_regression):
+    with small_regression[0], pytest.raises(ValueError, match="tune_interval must be"):
+        pms.AusterityMH(tune_interval=0)
+
+
+@pytest.mark.parametrize("value", [0.0, -1.0, np.inf])
+def test_scaling(small_regression, value):
+    with small_regression[0], pytest.raises(ValueError, match="scaling must be a positive"):
+        pms.AusterityMH(scaling=value)
+
+
+@pytest.mark.parametrize(
+    ("cov", "message"),
+    [
+        (np.ones(2), r"shape \(3,\) or \(3, 3\)"),
+        (np.array([1.0, -1.0, 1.0]), "positive finite variances"),
+        (np.array([[1, 2, 0], [0, 1, 0], [0, 0, 1.0]]), "symmetric"),
+        (np.diag([1.0, -1.0, 1.0]), "positive definite"),
+    ],
+)
+def test_proposal_cov(small_regression, cov, message):
+    with small_regression[0], pytest.raises(ValueError, match=message):
+        pms.AusterityMH(proposal_cov=cov)
+
+
+def test_compile_kwargs_type(small_regression):
+    with small_regression[0], pytest.raises(TypeError, match="compile_kwargs must be a dict"):
+        pms.AusterityMH(compile_kwargs="NUMBA")
+
+
+def test_reduction_over_rows_fails_self_check():
+    X = np.random.default_rng(0).normal(size=(100, 2))
+    with pm.Model():
+        beta = pm.Normal("beta", shape=2)
+        centred = pt.as_tensor(X) - pt.as_tensor(X).mean(0)
+        pm.Normal("y", centred @ beta, 1.0, observed=np.zeros(100))
+        with pytest.raises(ValueError, match=r"Self-check failed.*in numpy before"):
+            pms.AusterityMH()
+
+
+def test_nonfinite_initial_loglik():
+    y = np.zeros(50)
+    y[7] = np.nan
+    with pm.Model():
+        mu = pm.Normal("mu")
+        pm.Normal("y", mu, 1.0, observed=pt.as_tensor(y))
+        with pytest.raises(ValueError, match=r"not finite at the initial point for rows \[7\]"):
+            pms.AusterityMH()
+
+
+def test_per_row_latent_variable_is_explained():
+    with pm.Model():
+        z = pm.Normal("z", shape=40)
+        pm.Normal("y", z, 1.0, observed=np.zeros(40))
+        with pytest.raises(ValueError, match="Per-row latent variables"):
+            pms.AusterityMH()
+
+
+def test_batch_size_at_least_n_rows_warns_and_runs_exact(small_regression):
+    with small_regression[0], pytest.warns(pms.SubsampleWarning, match="exact Metropolis"):
+        step = pms.AusterityMH(batch_size=1000)
+    assert step.exact
+
+
+def test_not_assigned_automatically(small_regression):
+    from pymc.step_methods.compound import Competence
+
+    model = small_regression[0]
+    assert pms.AusterityMH.competence(model["beta"], True) == Competence.INCOMPATIBLE
