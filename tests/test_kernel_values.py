@@ -13,14 +13,10 @@ from scipy.special import betainc
 
 from pymc_subsample.kernels import (
     RowSampler,
-    RunningMoments,
-    add_batch,
     exact_mh_test,
-    mean_standard_error,
     sequential_mh_test,
-    t_test_error,
+    stage_statistics,
 )
-from pymc_subsample.kernels.moments import EMPTY
 
 KERNELS = Path(__file__).parents[1] / "pymc_subsample" / "kernels"
 
@@ -37,38 +33,81 @@ def test_kernels_import_neither_pymc_nor_pytensor():
                 assert name.split(".")[0] not in {"pymc", "pytensor"}, f"{path.name}: {name}"
 
 
+def _stats(values, shift=0.0, n_rows=10, threshold=0.0):
+    d = np.asarray(values, dtype=float) - shift
+    return stage_statistics(
+        np.array([d.size]), np.array([d.sum()]), np.array([(d * d).sum()]), shift, n_rows, threshold
+    )
+
+
 def test_standard_error_with_finite_population_correction_by_hand():
     # values 1, 2, 3, 4 out of N = 10: s_l^2 = 5/3, s^2 = 5/3 / 4 * (1 - 3/9) = 5/18 (eq. 4).
     # Without the correction (the "missing FPC" mutant) it would be 5/12: this test fails it.
-    moments = add_batch(EMPTY, np.array([1.0, 2.0, 3.0, 4.0]))
-    assert mean_standard_error(moments, 10) == pytest.approx(np.sqrt(5 / 18), rel=1e-12)
-    assert mean_standard_error(moments, 4) == 0.0
+    stats = _stats([1.0, 2.0, 3.0, 4.0], shift=1.7)
+    assert stats.mean[0] == pytest.approx(2.5, rel=1e-12)
+    assert stats.std_error[0] == pytest.approx(np.sqrt(5 / 18), rel=1e-12)
+    assert _stats([1.0, 2.0, 3.0, 4.0], n_rows=4).std_error[0] == 0.0
 
 
 def test_t_test_error_matches_incomplete_beta():
     # P(T_v > t) = I_{v / (v + t^2)}(v / 2, 1 / 2) / 2, an independent route to the t tail.
-    for mean, threshold, std_error, count in [(0.2, 0.0, 0.1, 500), (-1.0, 0.5, 2.0, 3)]:
-        t = abs(mean - threshold) / std_error
-        dof = count - 1
-        expected = 0.5 * betainc(dof / 2, 0.5, dof / (dof + t**2))
-        assert t_test_error(mean, threshold, std_error, count) == pytest.approx(expected, rel=1e-9)
+    rng = np.random.default_rng(0)
+    for n, threshold in [(500, 0.05), (3, -2.0)]:
+        values = rng.normal(size=n)
+        stats = _stats(values, n_rows=10_000, threshold=threshold)
+        se = values.std(ddof=1) / np.sqrt(n) * np.sqrt(1 - (n - 1) / (10_000 - 1))
+        t = abs(values.mean() - threshold) / se
+        expected = 0.5 * betainc((n - 1) / 2, 0.5, (n - 1) / (n - 1 + t**2))
+        assert stats.test_error[0] == pytest.approx(expected, rel=1e-9)
 
 
-def test_t_test_error_with_zero_standard_error():
-    assert t_test_error(1.0, 0.0, 0.0, 10) == 0.0
-    assert t_test_error(0.0, 0.0, 0.0, 10) == 1.0
+def test_zero_standard_error_decides_unless_mean_is_the_threshold():
+    assert _stats([1.0, 1.0], threshold=0.0).test_error[0] == 0.0
+    assert np.isnan(_stats([1.0, 1.0], threshold=1.0).test_error[0])
 
 
-@given(st.lists(st.lists(st.floats(-1e3, 1e3), min_size=1, max_size=20), min_size=1, max_size=5))
+@given(
+    st.lists(st.floats(-1e3, 1e3), min_size=2, max_size=40),
+    st.floats(-1e3, 1e3),
+)
 @settings(max_examples=50, deadline=None)
-def test_running_moments_equal_numpy(batches):
-    moments = EMPTY
-    for batch in batches:
-        moments = add_batch(moments, np.array(batch))
-    values = np.concatenate([np.array(b) for b in batches])
-    assert moments.n_values == values.size
-    assert moments.mean == pytest.approx(values.mean(), abs=1e-9)
-    assert moments.sum_sq_dev == pytest.approx(((values - values.mean()) ** 2).sum(), abs=1e-6)
+def test_stage_statistics_equal_numpy_whatever_the_shift(values, shift):
+    values = np.array(values)
+    stats = _stats(values, shift=shift, n_rows=10**6)
+    assert stats.mean[0] == pytest.approx(values.mean(), abs=1e-9)
+    expected_se = (
+        values.std(ddof=1) / np.sqrt(values.size) * np.sqrt(1 - (values.size - 1) / (10**6 - 1))
+    )
+    assert stats.std_error[0] == pytest.approx(expected_se, rel=1e-6, abs=1e-9)
+
+
+def test_stages_inside_one_call_match_stage_by_stage_algorithm_1():
+    # The doubling look-ahead must decide at the same stage as Algorithm 1 run stage by stage.
+    rng = np.random.default_rng(4)
+    data = rng.normal(0.003, 0.05, size=20_000)
+    for seed in range(30):
+        decision = sequential_mh_test(
+            np.random.default_rng(seed),
+            lambda idx: data[idx],
+            RowSampler(data.size),
+            0.0,
+            0.05,
+            100,
+        )
+        replay = np.random.default_rng(seed)
+        log_u = np.log(replay.uniform())
+        threshold = log_u / data.size
+        sampler = RowSampler(data.size)
+        sampler.start_test()
+        order = np.concatenate([sampler.draw(replay, 100 * 2**k) for k in range(8)])
+        for stage in range(1, 201):
+            seen = data[order[: stage * 100]]
+            stats = _stats(seen, n_rows=data.size, threshold=threshold)
+            if stats.test_error[0] < 0.05 or stage * 100 == data.size:
+                break
+        assert decision.n_batches == stage
+        assert decision.accepted == (seen.mean() > threshold)
+        assert stage * 100 <= decision.n_data < 2 * stage * 100
 
 
 @given(
@@ -166,8 +205,3 @@ def test_obvious_decisions_stop_at_first_batch():
         )
         assert decision.accepted == accepted
         assert (decision.n_data, decision.n_batches, decision.full_data) == (100, 1, False)
-
-
-def test_running_moments_type():
-    assert add_batch(EMPTY, np.array([])) == EMPTY
-    assert isinstance(add_batch(EMPTY, np.ones(2)), RunningMoments)

@@ -2,21 +2,20 @@
 
 from pymc_subsample.kernels.austerity import (
     AusterityDecision,
+    StageStatistics,
     exact_mh_test,
-    mean_standard_error,
     sequential_mh_test,
-    t_test_error,
+    stage_statistics,
 )
-from pymc_subsample.kernels.moments import RunningMoments, add_batch
+from pymc_subsample.kernels.proposals import RandomWalkProposal
 from pymc_subsample.kernels.row_sampler import RowSampler
 
 __all__ = [
     "AusterityDecision",
+    "RandomWalkProposal",
     "RowSampler",
-    "RunningMoments",
-    "add_batch",
+    "StageStatistics",
     "exact_mh_test",
-    "mean_standard_error",
     "sequential_mh_test",
-    "t_test_error",
+    "stage_statistics",
 ]

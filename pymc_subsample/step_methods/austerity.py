@@ -86,9 +86,12 @@ class AusterityMH(SubsampleMetropolisBase):
     accepted : bool
         Whether the proposal was accepted.
     n_data : int64
-        Rows whose log-likelihood ratio was evaluated for this draw.
+        Rows whose log-likelihood ratio was evaluated for this draw (the cost). Rows are
+        evaluated in calls of 1, 2, 4, ... stages, so this can exceed the rows the decision
+        used by less than a factor 2.
     n_batches : int64
-        Stages of the sequential test (1 when exact MH ran directly on all rows).
+        Stage of the sequential test at which the decision was made: it used
+        ``min(n_batches * batch_size, N)`` rows (1 when exact MH ran directly on all rows).
     full_data : bool
         The test used all N rows and made the exact MH decision.
     nonfinite_proposal : bool

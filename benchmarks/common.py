@@ -1,0 +1,61 @@
+"""Helpers shared by the benchmark scripts: synthetic data, timing, JSON output."""
+
+from __future__ import annotations
+
+import json
+import platform
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pymc as pm
+
+RESULTS = Path(__file__).parent / "results"
+
+
+def logistic_data(n_rows: int, n_features: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Standard-normal features (first column 1) and labels from coefficients of sd 0.5."""
+    rng = np.random.default_rng(seed)
+    X = np.column_stack([np.ones(n_rows), rng.normal(size=(n_rows, n_features - 1))])
+    beta = rng.normal(0.0, 0.5, size=n_features)
+    y = rng.binomial(1, 1.0 / (1.0 + np.exp(-X @ beta)))
+    return X, y
+
+
+def logistic_model(X: np.ndarray, y: np.ndarray) -> pm.Model:
+    with pm.Model() as model:
+        beta = pm.Normal("beta", 0.0, 2.0, shape=X.shape[1])
+        pm.Bernoulli("y", logit_p=X @ beta, observed=y)
+    return model
+
+
+def steps_per_second(step_fn: Callable[[], Any], min_seconds: float = 2.0) -> tuple[float, int]:
+    """Call ``step_fn`` repeatedly for at least ``min_seconds``; return (rate, calls)."""
+    step_fn()
+    calls, start = 0, time.perf_counter()
+    while (elapsed := time.perf_counter() - start) < min_seconds:
+        step_fn()
+        calls += 1
+    return calls / elapsed, calls
+
+
+def machine() -> dict[str, Any]:
+    import pytensor
+
+    return {
+        "python": platform.python_version(),
+        "pymc": pm.__version__,
+        "pytensor": pytensor.__version__,
+        "machine": platform.machine(),
+        "processor": platform.processor(),
+    }
+
+
+def write_json(name: str, payload: dict[str, Any]) -> Path:
+    RESULTS.mkdir(exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    path.write_text(json.dumps({"machine": machine(), **payload}, indent=2) + "\n")
+    print(f"wrote {path}")
+    return path
