@@ -41,6 +41,13 @@ def steps_per_second(step_fn: Callable[[], Any], min_seconds: float = 2.0) -> tu
     return calls / elapsed, calls
 
 
+def timed_sample(**kwargs: Any) -> tuple[Any, float]:
+    """Run ``pm.sample`` quietly (in a model context) and return (result, wall seconds)."""
+    start = time.perf_counter()
+    idata = pm.sample(progressbar=False, compute_convergence_checks=False, random_seed=1, **kwargs)
+    return idata, time.perf_counter() - start
+
+
 def machine() -> dict[str, Any]:
     import pytensor
 

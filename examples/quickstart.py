@@ -23,7 +23,7 @@ def make_data(n_rows: int = 50_000, seed: int = 0) -> tuple[np.ndarray, np.ndarr
 
 def main() -> None:
     X, y, true_beta = make_data()
-    with pm.Model() as model:
+    with pm.Model():
         beta = pm.Normal("beta", 0.0, 2.0, shape=X.shape[1])
         pm.Bernoulli("y", logit_p=X @ beta, observed=y)
 

@@ -116,8 +116,6 @@ class SubsampleMetropolisBase(ArrayStepShared):
         q_old = q0.data
         q_new, log_proposal_ratio = self.proposal(self.rng, q_old, self.scaling)
         log_prior_proposal_ratio = self.oracles.log_prior_ratio(q_new, q_old) + log_proposal_ratio
-        if np.isnan(log_prior_proposal_ratio):
-            log_prior_proposal_ratio = -np.inf
         decision = self._decide(
             partial(self.oracles.loglik_ratio_rows, q_new, q_old), log_prior_proposal_ratio
         )
