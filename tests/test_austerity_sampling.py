@@ -215,3 +215,16 @@ def test_nan_proposals_are_rejected_and_counted():
         flagged += stats[0]["nonfinite_proposal"]
         assert point["rate"] > 0
     assert flagged > 10
+
+
+def test_progress_bar_shows_running_mean_rows_per_draw():
+    columns, stats = pms.AusterityMH._progressbar_config(n_chains=2)
+    headers = [column.get_table_column().header for column in columns]
+    assert headers == ["Rows/draw", "Accept"]
+    assert stats == {"rows_per_draw": [0.0, 0.0], "accept_rate": [0.0, 0.0]}
+    (update,) = pms.AusterityMH._make_progressbar_update_functions()
+    update({"n_data": 500, "accepted": True})
+    assert update({"n_data": 1500, "accepted": False}) == {
+        "rows_per_draw": 1000.0,
+        "accept_rate": 0.5,
+    }
