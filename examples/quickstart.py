@@ -27,7 +27,7 @@ def main() -> None:
         beta = pm.Normal("beta", 0.0, 2.0, shape=X.shape[1])
         pm.Bernoulli("y", logit_p=X @ beta, observed=y)
 
-        step = pms.AusterityMH(error_tolerance=0.01, batch_size=500)
+        step = pms.AusterityMH(batch_size=500)  # default error_tolerance=0.001
         idata = pm.sample(draws=2000, tune=1000, chains=2, step=step, random_seed=1)
         reference = pm.sample(draws=500, tune=500, chains=2, random_seed=1, progressbar=False)
 
