@@ -11,7 +11,7 @@ end-state variance being off by about 40% (measured: variance x1.77 gives KS dis
 from __future__ import annotations
 
 import numpy as np
-from conjugate import GaussianMean, run_chains
+from conjugate import GaussianMean, austerity, run_chains
 from scipy.special import ndtr
 from scipy.stats import kstest
 
@@ -28,9 +28,7 @@ def _pit_pvalue(model: GaussianMean, ends: np.ndarray) -> float:
 
 def test_exact_limit_keeps_exact_posterior():
     model = _model()
-    ends, rows = run_chains(
-        model, n_chains=2000, n_steps=60, seed=1, error_tolerance=0.0, batch_size=100
-    )
+    ends, rows = run_chains(model, austerity(0.0, 100), n_chains=2000, n_steps=60, seed=1)
     assert rows == model.n_rows
     assert _pit_pvalue(model, ends) > LEVEL
 
@@ -39,13 +37,7 @@ def test_halved_log_ratio_mutant_fails_the_same_test():
     # The mutant targets prior x likelihood^(1/2): posterior variance doubled.
     model = _model()
     ends, _ = run_chains(
-        model,
-        n_chains=2000,
-        n_steps=60,
-        seed=1,
-        error_tolerance=0.0,
-        batch_size=100,
-        log_ratio_factor=0.5,
+        model, austerity(0.0, 100, log_ratio_factor=0.5), n_chains=2000, n_steps=60, seed=1
     )
     assert _pit_pvalue(model, ends) < LEVEL
 
@@ -57,14 +49,7 @@ def test_error_and_cost_move_with_error_tolerance():
     model = _model()
     variance_ratio, rows_per_step = [], []
     for tolerance in (0.2, 0.05, 0.01):
-        ends, rows = run_chains(
-            model,
-            n_chains=600,
-            n_steps=40,
-            seed=2,
-            error_tolerance=tolerance,
-            batch_size=200,
-        )
+        ends, rows = run_chains(model, austerity(tolerance, 200), n_chains=600, n_steps=40, seed=2)
         variance_ratio.append(ends.var() / model.post_sd**2)
         rows_per_step.append(rows)
     assert variance_ratio[0] > variance_ratio[1] > variance_ratio[2]

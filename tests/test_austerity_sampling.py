@@ -152,13 +152,20 @@ def test_tuning_adapts_scaling_and_stops(regression_runs):
     assert np.all(scaling[:, 0] < 2.38 / np.sqrt(3))  # shrunk from the default start
 
 
-def test_compound_step_with_pymc_sampler():
+STEPS = [
+    pytest.param(lambda vars=None: pms.AusterityMH(vars, error_tolerance=0.01), id="austerity"),
+    pytest.param(lambda vars=None: pms.MinibatchBarkerMH(vars, batch_size=200), id="barker"),
+]
+
+
+@pytest.mark.parametrize("make_step", STEPS)
+def test_compound_step_with_pymc_sampler(make_step):
     X, y = linear_regression_data(2000, seed=4)
     with pm.Model():
         beta = pm.Normal("beta", 0, 10, shape=3)
         sigma = pm.HalfNormal("sigma", 2.0)
         pm.Normal("y", X @ beta, sigma, observed=y)
-        steps = [pms.AusterityMH([beta], error_tolerance=0.01), pm.Slice([sigma])]
+        steps = [make_step([beta]), pm.Slice([sigma])]
         idata = pm.sample(
             draws=600, tune=600, chains=2, cores=1, step=steps, random_seed=1, **SAMPLE
         )
@@ -168,7 +175,8 @@ def test_compound_step_with_pymc_sampler():
     assert abs(_stack(idata, "sigma").mean() - 1.0) < 0.1
 
 
-def test_hierarchical_model_with_two_observed_variables_samples():
+@pytest.mark.parametrize("make_step", STEPS)
+def test_hierarchical_model_with_two_observed_variables_samples(make_step):
     rng = np.random.default_rng(8)
     group = rng.integers(0, 5, size=3000)
     effect_true = rng.normal(0, 1, size=5)
@@ -182,7 +190,7 @@ def test_hierarchical_model_with_two_observed_variables_samples():
             draws=500,
             tune=1000,
             chains=1,
-            step=pms.AusterityMH(error_tolerance=0.01),
+            step=make_step(),
             random_seed=2,
             **SAMPLE,
         )
@@ -220,11 +228,16 @@ def test_nan_proposals_are_rejected_and_counted():
 def test_progress_bar_shows_running_mean_rows_per_draw():
     columns, stats = pms.AusterityMH._progressbar_config(n_chains=2)
     headers = [column.get_table_column().header for column in columns]
-    assert headers == ["Rows/draw", "Accept"]
-    assert stats == {"rows_per_draw": [0.0, 0.0], "accept_rate": [0.0, 0.0]}
+    assert headers == ["Rows/draw", "Full data", "Accept"]
+    assert stats == {
+        "rows_per_draw": [0.0] * 2,
+        "full_data_share": [0.0] * 2,
+        "accept_rate": [0.0] * 2,
+    }
     (update,) = pms.AusterityMH._make_progressbar_update_functions()
-    update({"n_data": 500, "accepted": True})
-    assert update({"n_data": 1500, "accepted": False}) == {
+    update({"n_data": 500, "accepted": True, "full_data": False})
+    assert update({"n_data": 1500, "accepted": False, "full_data": True}) == {
         "rows_per_draw": 1000.0,
+        "full_data_share": 0.5,
         "accept_rate": 0.5,
     }

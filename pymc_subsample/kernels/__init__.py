@@ -2,20 +2,36 @@
 
 from pymc_subsample.kernels.austerity import (
     AusterityDecision,
-    StageStatistics,
     exact_mh_test,
     sequential_mh_test,
-    stage_statistics,
+)
+from pymc_subsample.kernels.correction import (
+    CorrectionDistribution,
+    build_correction,
+    correction_distribution,
+    sample_correction,
 )
 from pymc_subsample.kernels.proposals import RandomWalkProposal
 from pymc_subsample.kernels.row_sampler import RowSampler
+from pymc_subsample.kernels.stages import (
+    StageOutcome,
+    StageStatistics,
+    run_stages,
+    stage_statistics,
+)
 
 __all__ = [
     "AusterityDecision",
+    "CorrectionDistribution",
     "RandomWalkProposal",
     "RowSampler",
+    "StageOutcome",
     "StageStatistics",
+    "build_correction",
+    "correction_distribution",
     "exact_mh_test",
+    "run_stages",
+    "sample_correction",
     "sequential_mh_test",
     "stage_statistics",
 ]

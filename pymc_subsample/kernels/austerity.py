@@ -14,28 +14,21 @@ level ``error_tolerance`` (the paper's epsilon). With all N rows it makes the ex
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
-from scipy.special import stdtr
 
 from pymc_subsample.kernels.row_sampler import RowSampler
+from pymc_subsample.kernels.stages import LogRatioRows, StageStatistics, run_stages
 
 __all__ = [
     "AusterityDecision",
-    "StageStatistics",
     "exact_mh_test",
     "sequential_mh_test",
-    "stage_statistics",
 ]
 
 #: Rows per call when a full-data pass is made in chunks (bounds memory, not cost).
 FULL_PASS_CHUNK = 65_536
-#: Each oracle call of a test evaluates this many times more stages than the previous one.
-STAGE_GROWTH = 2
-
-LogRatioRows = Callable[[np.ndarray], np.ndarray]
 
 
 class AusterityDecision(NamedTuple):
@@ -46,77 +39,6 @@ class AusterityDecision(NamedTuple):
     n_batches: int
     full_data: bool
     nonfinite_proposal: bool
-
-
-class StageStatistics(NamedTuple):
-    """Per-stage quantities of the sequential test, one entry per stage boundary."""
-
-    n_values: np.ndarray
-    mean: np.ndarray
-    std_error: np.ndarray
-    test_error: np.ndarray
-
-
-class _Sums(NamedTuple):
-    """Sums of ``l_i - shift`` and its square over the rows seen (shift avoids cancellation)."""
-
-    n_values: int
-    shift: float
-    total: float
-    total_sq: float
-
-
-def stage_statistics(
-    n_values: np.ndarray,
-    shifted_sum: np.ndarray,
-    shifted_sum_sq: np.ndarray,
-    shift: float,
-    n_rows: int,
-    threshold: float,
-) -> StageStatistics:
-    """Sample mean, its standard error and the t-test error at each stage of Algorithm 1.
-
-    Parameters
-    ----------
-    n_values : ndarray of int
-        Rows seen at each stage, n.
-    shifted_sum, shifted_sum_sq : ndarray
-        Sums of ``l_i - shift`` and ``(l_i - shift)^2`` over those rows.
-    shift : float
-        Any constant near the mean (it only protects against cancellation).
-    n_rows : int
-        Population size N.
-    threshold : float
-        ``mu_0`` of eq. 2.
-
-    Returns
-    -------
-    StageStatistics
-        ``mean`` is l-bar; ``std_error`` is s of eq. 4 (sample sd with divisor n - 1, divided by
-        sqrt(n), times the finite-population correction sqrt(1 - (n - 1)/(N - 1)));
-        ``test_error`` is delta = 1 - phi_{n-1}(|t|) of Algorithm 1 (line 7) with t from eq. 5.
-        A stage with zero standard error has delta = 0 unless its mean equals the threshold
-        (then NaN: undecided).
-
-    Examples
-    --------
-    Values 1, 2, 3, 4 of N = 10 rows: mean 2.5, s^2 = (5/3) / 4 * (1 - 3/9) = 5/18.
-
-    >>> stats = stage_statistics(np.array([4]), np.array([10.0]), np.array([30.0]), 0.0, 10, 0.0)
-    >>> float(stats.mean[0]), round(float(stats.std_error[0] ** 2), 6)
-    (2.5, 0.277778)
-
-    """
-    n = n_values.astype(float)
-    shifted_mean = shifted_sum / n
-    mean = shift + shifted_mean
-    with np.errstate(divide="ignore", invalid="ignore"):
-        sample_var = np.maximum(shifted_sum_sq - shifted_sum * shifted_mean, 0.0) / (n - 1)
-        finite_population = 1.0 - (n - 1) / (n_rows - 1)  # eq. 4
-        std_error = np.sqrt(sample_var * finite_population / n)
-        t_statistic = np.abs(mean - threshold) / std_error  # eq. 5
-        test_error = stdtr(n - 1, -t_statistic)
-    return StageStatistics(n_values, mean, std_error, test_error)
 
 
 def _threshold(log_u: float, log_prior_proposal_ratio: float, n_rows: int) -> float:
@@ -137,11 +59,9 @@ def sequential_mh_test(
 
     The stages are those of the paper: after every ``batch_size`` rows (drawn without
     replacement) the t-test is applied, and the first stage with ``delta < error_tolerance``
-    decides. To save calls, each oracle call evaluates ``STAGE_GROWTH`` times more stages than
-    the previous one (1, 2, 4, ... stages) and the test runs over that call's stages in order:
-    the decision and the stage at which it is made are those of Algorithm 1 on the same rows,
-    while the rows evaluated (``n_data``) can exceed the rows the decision needed by at most
-    the last call's look-ahead.
+    decides (evaluated by :func:`pymc_subsample.kernels.stages.run_stages`: the decision and
+    its stage are those of Algorithm 1 on the same rows; ``n_data`` counts rows evaluated,
+    which can exceed the rows the decision used by less than a factor 2).
 
     Parameters
     ----------
@@ -169,43 +89,20 @@ def sequential_mh_test(
         return AusterityDecision(False, 0, 0, False, True)
     n_rows = rows.n_rows
     threshold = _threshold(log_u, log_prior_proposal_ratio, n_rows)
-    rows.start_test()
-    sums: _Sums | None = None
-    n_stages, stages_per_call = 0, 1
-    while True:
-        values = log_ratio_rows(rows.draw(rng, stages_per_call * batch_size))
-        if not math.isfinite(float(values.sum())):  # a NaN or infinite l_i: reject
-            return AusterityDecision(False, rows.n_taken, n_stages + 1, False, True)
-        if sums is None:
-            first_stage = values[:batch_size]
-            sums = _Sums(0, float(first_stage.sum()) / first_stage.size, 0.0, 0.0)
-        stats, sums = _chunk_stages(values, sums, batch_size, n_rows, threshold)
-        decided = ((stats.test_error < error_tolerance) | (stats.n_values == n_rows)).nonzero()[0]
-        if decided.size:
-            stage = int(decided[0])
-            n_used = int(stats.n_values[stage])
-            if n_used == n_rows:
-                total = float(stats.mean[stage]) * n_rows
-                accepted = _exact_decision(total, log_prior_proposal_ratio, log_u)
-            else:
-                accepted = bool(stats.mean[stage] > threshold)
-            full = n_used == n_rows
-            return AusterityDecision(accepted, rows.n_taken, n_stages + stage + 1, full, False)
-        n_stages += stats.n_values.size
-        stages_per_call *= STAGE_GROWTH
 
+    def confident(stats: StageStatistics, _prefix: object) -> np.ndarray:
+        return stats.test_error < error_tolerance  # Algorithm 1, line 8
 
-def _chunk_stages(
-    values: np.ndarray, sums: _Sums, batch_size: int, n_rows: int, threshold: float
-) -> tuple[StageStatistics, _Sums]:
-    starts = np.arange(0, values.size, batch_size)
-    deviations = values - sums.shift
-    cumulative = sums.total + np.add.reduceat(deviations, starts).cumsum()
-    cumulative_sq = sums.total_sq + np.add.reduceat(deviations * deviations, starts).cumsum()
-    n_values = sums.n_values + np.minimum(starts + batch_size, values.size)
-    stats = stage_statistics(n_values, cumulative, cumulative_sq, sums.shift, n_rows, threshold)
-    new_sums = _Sums(int(n_values[-1]), sums.shift, float(cumulative[-1]), float(cumulative_sq[-1]))
-    return stats, new_sums
+    outcome = run_stages(rng, log_ratio_rows, rows, batch_size, threshold, confident)
+    if outcome.nonfinite:  # a NaN or infinite l_i: reject
+        return AusterityDecision(False, outcome.n_data, outcome.n_batches, False, True)
+    if outcome.full_data:
+        accepted = _exact_decision(outcome.mean * n_rows, log_prior_proposal_ratio, log_u)
+    else:
+        accepted = outcome.mean > threshold
+    return AusterityDecision(
+        bool(accepted), outcome.n_data, outcome.n_batches, outcome.full_data, False
+    )
 
 
 def exact_mh_test(

@@ -1,5 +1,6 @@
 """PyMC step methods: argument checks, per-chain state and stats around the kernels."""
 
 from pymc_subsample.step_methods.austerity import AusterityMH
+from pymc_subsample.step_methods.barker import MinibatchBarkerMH
 
-__all__ = ["AusterityMH"]
+__all__ = ["AusterityMH", "MinibatchBarkerMH"]

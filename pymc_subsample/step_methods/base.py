@@ -2,7 +2,7 @@
 
 A subclass supplies ``_decide(log_ratio_rows, log_prior_proposal_ratio)``, which runs its test
 kernel and returns a NamedTuple whose fields are stat names, and declares those stats (plus
-``scaling``) in ``stats_dtypes_shapes``.
+those of ``_draw_stats``, at least ``scaling``) in ``stats_dtypes_shapes``.
 """
 
 from __future__ import annotations
@@ -61,6 +61,8 @@ class SubsampleMetropolisBase(ArrayStepShared):
     default_blocked = True
     _progressbar_config = staticmethod(progressbar_config)
     _make_progressbar_update_functions = staticmethod(make_progressbar_updaters)
+    #: Maps (scaling, acceptance over the last interval) to the new scaling during tuning.
+    _tune_rule: Callable[[float, float], float] = staticmethod(tune_scaling)
 
     def __init__(
         self,
@@ -121,7 +123,7 @@ class SubsampleMetropolisBase(ArrayStepShared):
         )
         self.steps_until_tune -= 1
         self.accepted_since_tune += int(decision.accepted)
-        stats = {**decision._asdict(), "scaling": float(self.scaling)}
+        stats = {**decision._asdict(), **self._draw_stats()}
         q = q_new if decision.accepted else q_old
         return RaveledVars(q, q0.point_map_info), [stats]
 
@@ -131,9 +133,13 @@ class SubsampleMetropolisBase(ArrayStepShared):
     ) -> TestDecision:
         """Run the subclass's test kernel; the result's fields are stat names."""
 
+    def _draw_stats(self) -> dict[str, float]:
+        """Stats of the step itself, added to the kernel's."""
+        return {"scaling": float(self.scaling)}
+
     def _adapt_scaling(self) -> None:
         acceptance = self.accepted_since_tune / self.tune_interval
-        self.scaling = float(tune_scaling(self.scaling, acceptance))
+        self.scaling = float(self._tune_rule(self.scaling, acceptance))
         self.steps_until_tune = self.tune_interval
         self.accepted_since_tune = 0
 

@@ -1,0 +1,200 @@
+"""Evaluate per-row log-ratios in stages of growing batches, shared by the subsampled tests.
+
+Both the sequential t-test (Korattikara et al. 2014, Algorithm 1) and the minibatch Barker test
+(Seita et al., Algorithm 1) look at rows in stages of ``batch_size`` rows drawn without
+replacement and stop at the first stage where a rule holds. :func:`run_stages` evaluates the
+stages in oracle calls of 1, 2, 4, ... stages (``STAGE_GROWTH``) and applies the rule to every
+stage boundary of a call in order, so the stopping stage is the one of the stage-by-stage
+algorithm on the same rows while the number of calls is logarithmic. Rows evaluated past the
+stopping stage (less than the rows used) are reported in ``n_data``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import NamedTuple
+
+import numpy as np
+from scipy.special import stdtr
+
+from pymc_subsample.kernels.row_sampler import RowSampler
+
+__all__ = ["StageOutcome", "StageStatistics", "run_stages", "stage_statistics"]
+
+#: Each oracle call of a test evaluates this many times more stages than the previous one.
+STAGE_GROWTH = 2
+
+LogRatioRows = Callable[[np.ndarray], np.ndarray]
+#: ``rule(stats, prefix)`` returns, per stage of a call, whether the test may stop there;
+#: ``prefix(n)`` gives the first n values evaluated in this test.
+StopRule = Callable[["StageStatistics", Callable[[int], np.ndarray]], np.ndarray]
+
+
+class StageStatistics(NamedTuple):
+    """Per-stage quantities of the sequential test, one entry per stage boundary."""
+
+    n_values: np.ndarray
+    mean: np.ndarray
+    std_error: np.ndarray
+    test_error: np.ndarray
+
+
+class StageOutcome(NamedTuple):
+    """Where a staged test stopped: the statistics of its last stage and what it cost."""
+
+    mean: float
+    std_error: float
+    test_error: float
+    n_used: int
+    n_batches: int
+    n_data: int
+    full_data: bool
+    nonfinite: bool
+    values: np.ndarray
+
+
+class _Sums(NamedTuple):
+    """Sums of ``l_i - shift`` and its square over the rows seen (shift avoids cancellation)."""
+
+    n_values: int
+    shift: float
+    total: float
+    total_sq: float
+
+
+def stage_statistics(
+    n_values: np.ndarray,
+    shifted_sum: np.ndarray,
+    shifted_sum_sq: np.ndarray,
+    shift: float,
+    n_rows: int,
+    threshold: float,
+) -> StageStatistics:
+    """Sample mean, its standard error and the t-test error at each stage of Algorithm 1.
+
+    Parameters
+    ----------
+    n_values : ndarray of int
+        Rows seen at each stage, n.
+    shifted_sum, shifted_sum_sq : ndarray
+        Sums of ``l_i - shift`` and ``(l_i - shift)^2`` over those rows.
+    shift : float
+        Any constant near the mean (it only protects against cancellation).
+    n_rows : int
+        Population size N.
+    threshold : float
+        ``mu_0`` of eq. 2.
+
+    Returns
+    -------
+    StageStatistics
+        ``mean`` is l-bar; ``std_error`` is s of eq. 4 (sample sd with divisor n - 1, divided by
+        sqrt(n), times the finite-population correction sqrt(1 - (n - 1)/(N - 1)));
+        ``test_error`` is delta = 1 - phi_{n-1}(|t|) of Algorithm 1 (line 7) with t from eq. 5.
+        A stage with zero standard error has delta = 0 unless its mean equals the threshold
+        (then NaN: undecided).
+
+    Examples
+    --------
+    Values 1, 2, 3, 4 of N = 10 rows: mean 2.5, s^2 = (5/3) / 4 * (1 - 3/9) = 5/18.
+
+    >>> stats = stage_statistics(np.array([4]), np.array([10.0]), np.array([30.0]), 0.0, 10, 0.0)
+    >>> float(stats.mean[0]), round(float(stats.std_error[0] ** 2), 6)
+    (2.5, 0.277778)
+
+    """
+    n = n_values.astype(float)
+    shifted_mean = shifted_sum / n
+    mean = shift + shifted_mean
+    with np.errstate(divide="ignore", invalid="ignore"):
+        sample_var = np.maximum(shifted_sum_sq - shifted_sum * shifted_mean, 0.0) / (n - 1)
+        finite_population = 1.0 - (n - 1) / (n_rows - 1)  # eq. 4
+        std_error = np.sqrt(sample_var * finite_population / n)
+        t_statistic = np.abs(mean - threshold) / std_error  # eq. 5
+        test_error = stdtr(n - 1, -t_statistic)
+    return StageStatistics(n_values, mean, std_error, test_error)
+
+
+def run_stages(
+    rng: np.random.Generator,
+    log_ratio_rows: LogRatioRows,
+    rows: RowSampler,
+    batch_size: int,
+    threshold: float,
+    stop: StopRule,
+) -> StageOutcome:
+    """Evaluate stages until ``stop`` allows it or all rows are used.
+
+    Parameters
+    ----------
+    rng : numpy.random.Generator
+        Draws the rows.
+    log_ratio_rows : callable
+        ``log_ratio_rows(idx)`` returns the per-row log-ratios ``l_i`` of the int64 rows ``idx``.
+    rows : RowSampler
+        Row sampler; a new test is started here.
+    batch_size : int
+        Rows per stage (the papers' m).
+    threshold : float
+        Threshold of the t-test statistics (``mu_0``); only ``test_error`` depends on it.
+    stop : callable
+        The stopping rule, see ``StopRule``. The stage that reaches all N rows always stops.
+
+    Returns
+    -------
+    StageOutcome
+        ``nonfinite`` is set, and the test should reject, when some ``l_i`` was NaN or infinite.
+
+    """
+    n_rows = rows.n_rows
+    rows.start_test()
+    chunks: list[np.ndarray] = []
+    sums: _Sums | None = None
+    n_stages, stages_per_call = 0, 1
+
+    def prefix(n_values: int) -> np.ndarray:
+        return np.concatenate(chunks)[:n_values]
+
+    while True:
+        values = log_ratio_rows(rows.draw(rng, stages_per_call * batch_size))
+        chunks.append(values)
+        if not math.isfinite(float(values.sum())):
+            return StageOutcome(
+                math.nan, math.nan, math.nan, 0, n_stages + 1, rows.n_taken, False, True, values
+            )
+        if sums is None:
+            first_stage = values[:batch_size]
+            sums = _Sums(0, float(first_stage.sum()) / first_stage.size, 0.0, 0.0)
+        stats, sums = _chunk_stages(values, sums, batch_size, n_rows, threshold)
+        stopping = (stats.n_values == n_rows) | stop(stats, prefix)
+        decided = stopping.nonzero()[0]
+        if decided.size:
+            k = int(decided[0])
+            n_used = int(stats.n_values[k])
+            return StageOutcome(
+                mean=float(stats.mean[k]),
+                std_error=float(stats.std_error[k]),
+                test_error=float(stats.test_error[k]),
+                n_used=n_used,
+                n_batches=n_stages + k + 1,
+                n_data=rows.n_taken,
+                full_data=n_used == n_rows,
+                nonfinite=False,
+                values=prefix(n_used),
+            )
+        n_stages += stats.n_values.size
+        stages_per_call *= STAGE_GROWTH
+
+
+def _chunk_stages(
+    values: np.ndarray, sums: _Sums, batch_size: int, n_rows: int, threshold: float
+) -> tuple[StageStatistics, _Sums]:
+    starts = np.arange(0, values.size, batch_size)
+    deviations = values - sums.shift
+    cumulative = sums.total + np.add.reduceat(deviations, starts).cumsum()
+    cumulative_sq = sums.total_sq + np.add.reduceat(deviations * deviations, starts).cumsum()
+    n_values = sums.n_values + np.minimum(starts + batch_size, values.size)
+    stats = stage_statistics(n_values, cumulative, cumulative_sq, sums.shift, n_rows, threshold)
+    new_sums = _Sums(int(n_values[-1]), sums.shift, float(cumulative[-1]), float(cumulative_sq[-1]))
+    return stats, new_sums
