@@ -49,7 +49,12 @@ class GaussianMean:
 Decide = Callable[[np.random.Generator, Any, RowSampler, float], Any]
 
 
-def austerity(error_tolerance: float, batch_size: int, log_ratio_factor: float = 1.0) -> Decide:
+def austerity(
+    error_tolerance: float,
+    batch_size: int,
+    log_ratio_factor: float = 1.0,
+    temperature: float = 1.0,
+) -> Decide:
     """The Austerity kernel (exact MH at tolerance 0); ``log_ratio_factor`` scales every l_i."""
 
     def decide(rng, rows, sampler, prior_ratio):
@@ -57,8 +62,10 @@ def austerity(error_tolerance: float, batch_size: int, log_ratio_factor: float =
             return log_ratio_factor * rows(idx)
 
         if error_tolerance == 0.0:
-            return exact_mh_test(rng, scaled, sampler.n_rows, prior_ratio)
-        return sequential_mh_test(rng, scaled, sampler, prior_ratio, error_tolerance, batch_size)
+            return exact_mh_test(rng, scaled, sampler.n_rows, prior_ratio, temperature)
+        return sequential_mh_test(
+            rng, scaled, sampler, prior_ratio, error_tolerance, batch_size, temperature
+        )
 
     return decide
 

@@ -56,3 +56,15 @@ def test_error_and_cost_move_with_error_tolerance():
     assert variance_ratio[0] > 2.0  # a loose test is visibly biased ...
     assert 0.8 < variance_ratio[2] < 1.4  # ... and a strict one close to exact
     assert rows_per_step[0] < rows_per_step[1] < rows_per_step[2] < model.n_rows
+
+
+def test_tempered_target_at_small_tolerance():
+    # T = 1000 on N = 2000 rows: the target is the tempered posterior (variance x~1000). A
+    # kernel that ignored T would concentrate its end states ~30x too tightly and fail by far.
+    x = np.random.default_rng(0).normal(1.0, 1.0, size=2000)
+    model = GaussianMean(x, temperature=1000.0)
+    ends, rows = run_chains(
+        model, austerity(0.001, 100, temperature=1000.0), n_chains=1000, n_steps=30, seed=3
+    )
+    assert _pit_pvalue(model, ends) > LEVEL
+    assert rows < model.n_rows

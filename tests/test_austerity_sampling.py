@@ -136,6 +136,7 @@ def test_stats_names_dtypes_and_meaning(regression_runs):
         "full_data": np.bool_,
         "nonfinite_proposal": np.bool_,
         "scaling": np.float64,
+        "temperature": np.float64,
     }
     for name, dtype in expected.items():
         assert stats[name].dtype == dtype, name

@@ -54,6 +54,7 @@ def sequential_mh_test(
     log_prior_proposal_ratio: float,
     error_tolerance: float,
     batch_size: int,
+    temperature: float = 1.0,
 ) -> AusterityDecision:
     """Run Algorithm 1 for one proposal.
 
@@ -77,6 +78,9 @@ def sequential_mh_test(
         The paper's epsilon: stop when ``delta < error_tolerance``.
     batch_size : int
         The paper's m: rows added per stage.
+    temperature : float, default 1
+        The likelihood is raised to ``1 / temperature``: the test compares ``mu / T`` with
+        ``mu_0``, i.e. ``mu`` with ``T mu_0``.
 
     Returns
     -------
@@ -88,7 +92,7 @@ def sequential_mh_test(
     if not np.isfinite(log_prior_proposal_ratio):
         return AusterityDecision(False, 0, 0, False, True)
     n_rows = rows.n_rows
-    threshold = _threshold(log_u, log_prior_proposal_ratio, n_rows)
+    threshold = temperature * _threshold(log_u, log_prior_proposal_ratio, n_rows)
 
     def confident(stats: StageStatistics, _prefix: object) -> np.ndarray:
         return stats.test_error < error_tolerance  # Algorithm 1, line 8
@@ -97,7 +101,8 @@ def sequential_mh_test(
     if outcome.nonfinite:  # a NaN or infinite l_i: reject
         return AusterityDecision(False, outcome.n_data, outcome.n_batches, False, True)
     if outcome.full_data:
-        accepted = _exact_decision(outcome.mean * n_rows, log_prior_proposal_ratio, log_u)
+        total = outcome.mean * n_rows / temperature
+        accepted = _exact_decision(total, log_prior_proposal_ratio, log_u)
     else:
         accepted = outcome.mean > threshold
     return AusterityDecision(
@@ -110,6 +115,7 @@ def exact_mh_test(
     log_ratio_rows: LogRatioRows,
     n_rows: int,
     log_prior_proposal_ratio: float,
+    temperature: float = 1.0,
 ) -> AusterityDecision:
     """Exact Metropolis-Hastings on all rows, in row order, drawing only ``u`` from ``rng``.
 
@@ -125,10 +131,10 @@ def exact_mh_test(
         total += float(log_ratio_rows(np.arange(start, min(start + FULL_PASS_CHUNK, n_rows))).sum())
     if not math.isfinite(total):
         return AusterityDecision(False, n_rows, 1, True, True)
-    accepted = _exact_decision(total, log_prior_proposal_ratio, log_u)
+    accepted = _exact_decision(total / temperature, log_prior_proposal_ratio, log_u)
     return AusterityDecision(accepted, n_rows, 1, True, False)
 
 
 def _exact_decision(total_log_ratio: float, log_prior_proposal_ratio: float, log_u: float) -> bool:
-    # mu > mu_0 (eq. 2, 3) multiplied through by N.
+    # mu > mu_0 (eq. 2, 3) multiplied through by N; total_log_ratio already tempered.
     return bool(total_log_ratio + log_prior_proposal_ratio > log_u)

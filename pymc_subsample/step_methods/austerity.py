@@ -48,6 +48,9 @@ class AusterityMH(SubsampleMetropolisBase):
     batch_size : int, default 500
         Rows added per stage of the test (the paper's m); at least 2. Around 500 keeps the
         t-statistic close to its CLT limit. ``batch_size >= N`` runs exact MH (with a warning).
+    temperature : float, default 1
+        The likelihood is raised to ``1 / temperature`` (the target changes: a tempered
+        posterior); recorded in every draw's ``temperature`` stat.
     scaling : float, optional
         Initial proposal scale; default ``2.38 / sqrt(d)``. Adapted during tuning.
     proposal_cov : array_like, optional
@@ -100,7 +103,8 @@ class AusterityMH(SubsampleMetropolisBase):
         infinite.
     scaling : float64
         Proposal scale used for this draw.
-
+    temperature : float64
+        The likelihood temperature of this run (constant).
     """
 
     name = "austerity_mh"
@@ -111,6 +115,7 @@ class AusterityMH(SubsampleMetropolisBase):
         "full_data": (bool, []),
         "nonfinite_proposal": (bool, []),
         "scaling": (np.float64, []),
+        "temperature": (np.float64, []),
     }
 
     def __init__(
@@ -119,6 +124,7 @@ class AusterityMH(SubsampleMetropolisBase):
         *,
         error_tolerance: float = DEFAULT_ERROR_TOLERANCE,
         batch_size: int = 500,
+        temperature: float = 1.0,
         scaling: float | None = None,
         proposal_cov: ArrayLike | None = None,
         tune_interval: int = 100,
@@ -132,6 +138,7 @@ class AusterityMH(SubsampleMetropolisBase):
         super().__init__(
             vars,
             batch_size=batch_size,
+            temperature=temperature,
             scaling=scaling,
             proposal_cov=proposal_cov,
             tune_interval=tune_interval,
@@ -154,7 +161,9 @@ class AusterityMH(SubsampleMetropolisBase):
         self, log_ratio_rows: Callable[[np.ndarray], np.ndarray], log_prior_proposal_ratio: float
     ) -> AusterityDecision:
         if self.exact:
-            return exact_mh_test(self.rng, log_ratio_rows, self.n_rows, log_prior_proposal_ratio)
+            return exact_mh_test(
+                self.rng, log_ratio_rows, self.n_rows, log_prior_proposal_ratio, self.temperature
+            )
         return sequential_mh_test(
             self.rng,
             log_ratio_rows,
@@ -162,6 +171,7 @@ class AusterityMH(SubsampleMetropolisBase):
             log_prior_proposal_ratio,
             self.error_tolerance,
             self.batch_size,
+            self.temperature,
         )
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
@@ -141,12 +140,12 @@ class MinibatchBarkerMH(SubsampleMetropolisBase):
         compile_kwargs: dict[str, Any] | None = None,
         blocked: bool = True,
     ) -> None:
-        self.temperature = _check_temperature(temperature)
         self.error_bound = _check_error_bound(error_bound)
         self.correction = correction_distribution(1.0)
         super().__init__(
             vars,
             batch_size=batch_size,
+            temperature=temperature,
             scaling=scaling,
             proposal_cov=proposal_cov,
             tune_interval=tune_interval,
@@ -177,19 +176,6 @@ class MinibatchBarkerMH(SubsampleMetropolisBase):
             self.error_bound,
             self.correction,
         )
-
-    def _draw_stats(self) -> dict[str, float]:
-        return {**super()._draw_stats(), "temperature": self.temperature}
-
-
-def _check_temperature(temperature: float) -> float:
-    value = float(temperature)
-    if not (math.isfinite(value) and value > 0):
-        raise ValueError(
-            f"temperature must be a positive finite number, got {temperature!r}. It divides "
-            "the log-likelihood: 1 is the untempered posterior."
-        )
-    return value
 
 
 def _check_error_bound(error_bound: float | None) -> float | None:

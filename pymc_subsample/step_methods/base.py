@@ -69,6 +69,7 @@ class SubsampleMetropolisBase(ArrayStepShared):
         vars: Sequence[TensorVariable] | None = None,
         *,
         batch_size: int,
+        temperature: float,
         scaling: float | None,
         proposal_cov: ArrayLike | None,
         tune_interval: int,
@@ -81,6 +82,7 @@ class SubsampleMetropolisBase(ArrayStepShared):
         model = pm.modelcontext(model)
         vars = model.value_vars if vars is None else get_value_vars_from_user_vars(vars, model)
         self.batch_size = _check_int("batch_size", batch_size, minimum=2)
+        self.temperature = _check_temperature(temperature)
         self.tune_interval = _check_int("tune_interval", tune_interval, minimum=1)
         if compile_kwargs is not None and not isinstance(compile_kwargs, dict):
             raise TypeError(
@@ -135,7 +137,7 @@ class SubsampleMetropolisBase(ArrayStepShared):
 
     def _draw_stats(self) -> dict[str, float]:
         """Stats of the step itself, added to the kernel's."""
-        return {"scaling": float(self.scaling)}
+        return {"scaling": float(self.scaling), "temperature": self.temperature}
 
     def _adapt_scaling(self) -> None:
         acceptance = self.accepted_since_tune / self.tune_interval
@@ -168,6 +170,16 @@ def _check_int(name: str, value: Any, *, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < minimum:
         raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}.")
     return int(value)
+
+
+def _check_temperature(temperature: float) -> float:
+    value = float(temperature)
+    if not (np.isfinite(value) and value > 0):
+        raise ValueError(
+            f"temperature must be a positive finite number, got {temperature!r}. It divides "
+            "the log-likelihood: 1 is the untempered posterior."
+        )
+    return value
 
 
 def _check_scaling(scaling: float | None, n_params: int) -> float:
