@@ -98,7 +98,10 @@ def test_per_row_latent_variable_is_explained():
 
 
 def test_batch_size_at_least_n_rows_warns_and_runs_exact(small_regression):
-    with small_regression[0], pytest.warns(pms.SubsampleWarning, match="exact Metropolis"):
+    with (
+        small_regression[0],
+        pytest.warns(pms.SubsampleWarning, match="uses all rows and is the exact test"),
+    ):
         step = pms.AusterityMH(batch_size=1000)
     assert step.exact
 

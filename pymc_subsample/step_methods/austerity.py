@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
@@ -18,7 +17,6 @@ from pymc_subsample.kernels.austerity import (
     sequential_mh_test,
 )
 from pymc_subsample.step_methods.base import SubsampleMetropolisBase
-from pymc_subsample.warnings import SubsampleWarning
 
 __all__ = ["AusterityMH"]
 
@@ -149,13 +147,6 @@ class AusterityMH(SubsampleMetropolisBase):
             blocked=blocked,
         )
         self.exact = self.error_tolerance == 0.0 or self.batch_size >= self.n_rows
-        if self.batch_size >= self.n_rows:
-            warnings.warn(
-                f"batch_size={self.batch_size} >= N={self.n_rows} rows: AusterityMH runs exact "
-                "Metropolis-Hastings on all rows. Use a smaller batch_size to subsample.",
-                SubsampleWarning,
-                stacklevel=2,
-            )
 
     def _decide(
         self, log_ratio_rows: Callable[[np.ndarray], np.ndarray], log_prior_proposal_ratio: float

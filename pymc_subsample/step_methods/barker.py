@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
@@ -15,7 +14,6 @@ from pytensor.tensor.variable import TensorVariable
 from pymc_subsample.kernels.barker import BarkerDecision, minibatch_barker_test
 from pymc_subsample.kernels.correction import correction_distribution
 from pymc_subsample.step_methods.base import SubsampleMetropolisBase
-from pymc_subsample.warnings import SubsampleWarning
 
 __all__ = ["MinibatchBarkerMH", "barker_tune"]
 
@@ -155,13 +153,6 @@ class MinibatchBarkerMH(SubsampleMetropolisBase):
             compile_kwargs=compile_kwargs,
             blocked=blocked,
         )
-        if self.batch_size >= self.n_rows:
-            warnings.warn(
-                f"batch_size={self.batch_size} >= N={self.n_rows} rows: every step uses all rows "
-                "(the exact Barker test). Use a smaller batch_size to subsample.",
-                SubsampleWarning,
-                stacklevel=2,
-            )
 
     def _decide(
         self, log_ratio_rows: Callable[[np.ndarray], np.ndarray], log_prior_proposal_ratio: float

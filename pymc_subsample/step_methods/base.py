@@ -105,6 +105,14 @@ class SubsampleMetropolisBase(ArrayStepShared):
         self.steps_until_tune = self.tune_interval
         self.accepted_since_tune = 0
         self.row_sampler = RowSampler(self.oracles.n_rows)
+        if self.batch_size >= self.oracles.n_rows:
+            warnings.warn(
+                f"batch_size={self.batch_size} >= N={self.oracles.n_rows} rows: every test uses "
+                "all rows and is the exact test, without subsampling. Use a smaller batch_size "
+                "to subsample.",
+                SubsampleWarning,
+                stacklevel=3,
+            )
         _warn_row_length_deterministics(model, initial_point, self.oracles.n_rows)
         super().__init__(vars, self.oracles.shared, blocked=blocked, rng=rng)
 
