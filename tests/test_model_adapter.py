@@ -247,3 +247,33 @@ def test_no_warning_for_an_ordinary_model():
         warnings.simplefilter("error", SubsampleWarning)
         model = numpy_regression()
         build_oracles(model, model.value_vars, initial_point=model.initial_point())
+
+
+@pytest.mark.parametrize(
+    "build", [numpy_regression, iid_student_t, hierarchical_two_observed], ids=lambda f: f.__name__
+)
+def test_per_row_gradients_match_finite_differences(build):
+    model = build()
+    oracles = build_oracles(
+        model, model.value_vars, initial_point=model.initial_point(), with_gradients=True
+    )
+    point = _jittered_point(model, seed=4)
+    q = DictToArrayBijection.map({v.name: point[v.name] for v in model.value_vars}).data
+    idx = np.array([3, 40, 299], dtype=np.int64)
+    scores = oracles.score_rows(q, idx)
+    assert scores.shape == (3, q.size)
+    step = 1e-6
+    for j in range(q.size):
+        shift = np.zeros(q.size)
+        shift[j] = step
+        numeric = (oracles.loglik_rows(q + shift, idx) - oracles.loglik_rows(q - shift, idx)) / 2e-6
+        np.testing.assert_allclose(scores[:, j], numeric, rtol=1e-5, atol=1e-6)
+        prior_numeric = (oracles.log_prior(q + shift) - oracles.log_prior(q - shift)) / 2e-6
+        assert oracles.log_prior_grad(q)[j] == pytest.approx(prior_numeric, rel=1e-5, abs=1e-6)
+
+
+def test_gradients_need_to_be_requested():
+    model = numpy_regression()
+    oracles = build_oracles(model, model.value_vars, initial_point=model.initial_point())
+    with pytest.raises(RuntimeError, match="with_gradients=True"):
+        oracles.score_rows(np.zeros(4), np.array([0]))

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 import numpy as np
+import pytensor
 from pymc.model import Model
 from pymc.pytensorf import compile as compile_pytensor
 from pymc.pytensorf import join_nonshared_inputs, make_shared_replacements
@@ -22,6 +23,7 @@ from pytensor.graph.basic import Variable
 from pytensor.graph.replace import clone_replace
 from pytensor.tensor.variable import TensorConstant, TensorVariable
 
+from pymc_subsample.model.gradients import per_row_gradient
 from pymc_subsample.model.rows import RowLayout, find_row_layout, row_loglik_graph
 
 __all__ = ["ModelOracles", "build_oracles", "check_continuous"]
@@ -56,6 +58,8 @@ class ModelOracles:
     _rows_fn: Callable
     _ratio_fn: Callable
     _row_data: tuple[Variable, ...]
+    _score_fn: Callable | None = None
+    _prior_grad_fn: Callable | None = None
 
     def log_prior(self, q: np.ndarray) -> float:
         """Free-variable log-densities with Jacobians, Potentials, and off-row observed terms."""
@@ -74,6 +78,22 @@ class ModelOracles:
     ) -> np.ndarray:
         """Per-row ``loglik_i(q_new) - loglik_i(q_old)`` of the int64 rows ``idx``, in one call."""
         return self._ratio_fn(q_new, q_old, *self._gather(idx))
+
+    def score_rows(self, q: np.ndarray, idx: np.ndarray) -> np.ndarray:
+        """Per-row gradients ``d loglik_i / dq`` of the int64 rows ``idx``: shape (len(idx), d)."""
+        return self._gradient("score_rows", self._score_fn)(
+            q, *[rows[:, None] for rows in self._gather(idx)]
+        )
+
+    def log_prior_grad(self, q: np.ndarray) -> np.ndarray:
+        """Gradient of :meth:`log_prior`."""
+        return self._gradient("log_prior_grad", self._prior_grad_fn)(q)
+
+    @staticmethod
+    def _gradient(name: str, function: Callable | None) -> Callable:
+        if function is None:
+            raise RuntimeError(f"{name} needs build_oracles(..., with_gradients=True).")
+        return function
 
     def _gather(self, idx: np.ndarray) -> list[np.ndarray]:
         # np.take on axis 0 is several times faster than fancy indexing on large arrays.
@@ -104,6 +124,7 @@ def build_oracles(
     initial_point: dict[str, np.ndarray],
     obs_dim: str | None = None,
     compile_kwargs: dict[str, Any] | None = None,
+    with_gradients: bool = False,
 ) -> ModelOracles:
     """Read the model once and compile the per-row and prior functions for ``vars``.
 
@@ -119,6 +140,8 @@ def build_oracles(
         Name of the row dimension; see :func:`pymc_subsample.model.rows.find_row_layout`.
     compile_kwargs : dict, optional
         Passed to PyTensor's compiler, e.g. ``{"mode": "NUMBA"}`` or ``{"mode": "JAX"}``.
+    with_gradients : bool, default False
+        Also compile ``score_rows`` (per-row gradients) and ``log_prior_grad``.
 
     Returns
     -------
@@ -145,6 +168,11 @@ def build_oracles(
 
     kwargs = dict(compile_kwargs or {})
     row_inputs = list(graph.row_inputs)
+    gradients: dict[str, Callable] = {}
+    if with_gradients:
+        scores, batched_inputs = per_row_gradient(rows_q, q, row_inputs)
+        gradients["_score_fn"] = _compile([q, *batched_inputs], scores, kwargs)
+        gradients["_prior_grad_fn"] = _compile([q], pytensor.grad(prior_q, q), kwargs)
     oracles = ModelOracles(
         n_rows=layout.n_rows,
         n_params=sum(int(np.size(initial_point[str(v.name)])) for v in vars),
@@ -155,6 +183,7 @@ def build_oracles(
         _rows_fn=_compile([q, *row_inputs], rows_q, kwargs),
         _ratio_fn=_compile([q, q_old, *row_inputs], rows_q - rows_q_old, kwargs),
         _row_data=graph.row_data,
+        **gradients,
     )
     full_fn = _compile([q], full_q, kwargs)
     q0 = np.concatenate([np.ravel(initial_point[str(v.name)]) for v in vars]).astype("float64")
