@@ -9,9 +9,16 @@ Use a step with ``pm.sample``::
         idata = pm.sample(step=pms.AusterityMH(error_tolerance=0.01, batch_size=500))
 """
 
-from pymc_subsample.step_methods import AusterityMH, MinibatchBarkerMH
+from pymc_subsample.step_methods import SGFS, AusterityMH, MinibatchBarkerMH, PolynomialStepSize
 from pymc_subsample.warnings import SubsampleWarning
 
 __version__ = "0.1.0"
 
-__all__ = ["AusterityMH", "MinibatchBarkerMH", "SubsampleWarning", "__version__"]
+__all__ = [
+    "SGFS",
+    "AusterityMH",
+    "MinibatchBarkerMH",
+    "PolynomialStepSize",
+    "SubsampleWarning",
+    "__version__",
+]

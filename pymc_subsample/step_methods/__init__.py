@@ -2,5 +2,6 @@
 
 from pymc_subsample.step_methods.austerity import AusterityMH
 from pymc_subsample.step_methods.barker import MinibatchBarkerMH
+from pymc_subsample.step_methods.sgfs import SGFS, PolynomialStepSize
 
-__all__ = ["AusterityMH", "MinibatchBarkerMH"]
+__all__ = ["SGFS", "AusterityMH", "MinibatchBarkerMH", "PolynomialStepSize"]

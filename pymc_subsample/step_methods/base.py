@@ -1,4 +1,4 @@
-"""What every subsampling Metropolis-Hastings step shares: oracles, proposal, tuning, PyMC glue.
+"""What the subsampling steps share: oracles, rows, RNG hooks; and the Metropolis-Hastings layer.
 
 A subclass supplies ``_decide(log_ratio_rows, log_prior_proposal_ratio)``, which runs its test
 kernel and returns a NamedTuple whose fields are stat names, and declares those stats (plus
@@ -31,7 +31,7 @@ from pymc_subsample.model.oracles import ModelOracles, build_oracles
 from pymc_subsample.step_methods.progress import make_progressbar_updaters, progressbar_config
 from pymc_subsample.warnings import SubsampleWarning
 
-__all__ = ["SubsampleMHState", "SubsampleMetropolisBase"]
+__all__ = ["SubsampleMHState", "SubsampleMetropolisBase", "SubsampleStepBase"]
 
 
 class TestDecision(Protocol):
@@ -54,11 +54,68 @@ class SubsampleMHState(StepMethodState):
     accepted_since_tune: int
 
 
-class SubsampleMetropolisBase(ArrayStepShared):
+class SubsampleStepBase(ArrayStepShared):
+    """A step on the raveled unconstrained vector that reads rows through compiled oracles."""
+
+    default_blocked = True
+
+    def __init__(
+        self,
+        vars: Sequence[TensorVariable] | None,
+        *,
+        batch_size: int,
+        obs_dim: str | None,
+        model: pm.Model | None,
+        rng: RandomGenerator,
+        compile_kwargs: dict[str, Any] | None,
+        blocked: bool,
+        with_gradients: bool = False,
+    ) -> None:
+        model = pm.modelcontext(model)
+        vars = model.value_vars if vars is None else get_value_vars_from_user_vars(vars, model)
+        self.batch_size = _check_int("batch_size", batch_size, minimum=2)
+        if compile_kwargs is not None and not isinstance(compile_kwargs, dict):
+            raise TypeError(
+                "compile_kwargs must be a dict such as {'mode': 'NUMBA'}, "
+                f"got {compile_kwargs!r}."
+            )
+        initial_point = model.initial_point()
+        self.oracles: ModelOracles = build_oracles(
+            model,
+            vars,
+            initial_point=initial_point,
+            obs_dim=obs_dim,
+            compile_kwargs=compile_kwargs,
+            with_gradients=with_gradients,
+        )
+        self.row_sampler = RowSampler(self.oracles.n_rows)
+        _warn_row_length_deterministics(model, initial_point, self.oracles.n_rows)
+        super().__init__(vars, self.oracles.shared, blocked=blocked, rng=rng)
+
+    @property
+    def n_rows(self) -> int:
+        """Number of rows N on the row axis."""
+        return self.oracles.n_rows
+
+    # PyMC 6 calls setup_chain, PyMC 5 calls set_rng: both seed the chain's generator.
+    def setup_chain(self, rng: RandomGenerator, tune: int, draws: int) -> None:
+        """Use the chain's random generator (PyMC 6 hook)."""
+        self.rng = get_random_generator(rng, copy=False)
+
+    def set_rng(self, rng: RandomGenerator) -> None:
+        """Use the chain's random generator (PyMC 5 hook)."""
+        self.rng = get_random_generator(rng, copy=False)
+
+    @staticmethod
+    def competence(var: Variable, has_grad: bool) -> Competence:
+        """Never assigned automatically: the step is approximate and must be chosen knowingly."""
+        return Competence.INCOMPATIBLE
+
+
+class SubsampleMetropolisBase(SubsampleStepBase):
     """Random-walk Metropolis-Hastings whose accept test looks at a subset of the rows."""
 
     _state_class = SubsampleMHState
-    default_blocked = True
     _progressbar_config = staticmethod(progressbar_config)
     _make_progressbar_update_functions = staticmethod(make_progressbar_updaters)
     #: Maps (scaling, acceptance over the last interval) to the new scaling during tuning.
@@ -79,23 +136,16 @@ class SubsampleMetropolisBase(ArrayStepShared):
         compile_kwargs: dict[str, Any] | None,
         blocked: bool = True,
     ) -> None:
-        model = pm.modelcontext(model)
-        vars = model.value_vars if vars is None else get_value_vars_from_user_vars(vars, model)
-        self.batch_size = _check_int("batch_size", batch_size, minimum=2)
         self.temperature = _check_temperature(temperature)
         self.tune_interval = _check_int("tune_interval", tune_interval, minimum=1)
-        if compile_kwargs is not None and not isinstance(compile_kwargs, dict):
-            raise TypeError(
-                "compile_kwargs must be a dict such as {'mode': 'NUMBA'}, "
-                f"got {compile_kwargs!r}."
-            )
-        initial_point = model.initial_point()
-        self.oracles: ModelOracles = build_oracles(
-            model,
+        super().__init__(
             vars,
-            initial_point=initial_point,
+            batch_size=batch_size,
             obs_dim=obs_dim,
+            model=model,
+            rng=rng,
             compile_kwargs=compile_kwargs,
+            blocked=blocked,
         )
         n_params = self.oracles.n_params
         self.proposal = RandomWalkProposal(n_params, proposal_cov)
@@ -104,7 +154,6 @@ class SubsampleMetropolisBase(ArrayStepShared):
         self.tune = True
         self.steps_until_tune = self.tune_interval
         self.accepted_since_tune = 0
-        self.row_sampler = RowSampler(self.oracles.n_rows)
         if self.batch_size >= self.oracles.n_rows:
             warnings.warn(
                 f"batch_size={self.batch_size} >= N={self.oracles.n_rows} rows: every test uses "
@@ -113,13 +162,6 @@ class SubsampleMetropolisBase(ArrayStepShared):
                 SubsampleWarning,
                 stacklevel=3,
             )
-        _warn_row_length_deterministics(model, initial_point, self.oracles.n_rows)
-        super().__init__(vars, self.oracles.shared, blocked=blocked, rng=rng)
-
-    @property
-    def n_rows(self) -> int:
-        """Number of rows N on the row axis."""
-        return self.oracles.n_rows
 
     def astep(self, q0: RaveledVars) -> tuple[RaveledVars, list[dict[str, Any]]]:
         """Propose by random walk and accept with the subclass's subsampled test."""
@@ -158,20 +200,6 @@ class SubsampleMetropolisBase(ArrayStepShared):
         self.scaling = self._initial_scaling
         self.steps_until_tune = self.tune_interval
         self.accepted_since_tune = 0
-
-    # PyMC 6 calls setup_chain, PyMC 5 calls set_rng: both seed the chain's generator.
-    def setup_chain(self, rng: RandomGenerator, tune: int, draws: int) -> None:
-        """Use the chain's random generator (PyMC 6 hook)."""
-        self.rng = get_random_generator(rng, copy=False)
-
-    def set_rng(self, rng: RandomGenerator) -> None:
-        """Use the chain's random generator (PyMC 5 hook)."""
-        self.rng = get_random_generator(rng, copy=False)
-
-    @staticmethod
-    def competence(var: Variable, has_grad: bool) -> Competence:
-        """Never assigned automatically: the test is approximate and must be chosen knowingly."""
-        return Competence.INCOMPATIBLE
 
 
 def _check_int(name: str, value: Any, *, minimum: int) -> int:
