@@ -25,7 +25,12 @@ import numpy as np
 
 from pymc_subsample.kernels.correction import CorrectionDistribution, sample_correction
 from pymc_subsample.kernels.row_sampler import RowSampler
-from pymc_subsample.kernels.stages import LogRatioRows, StageStatistics, run_stages
+from pymc_subsample.kernels.stages import (
+    LogRatioRows,
+    StageStatistics,
+    evaluated_prefix,
+    run_stages,
+)
 
 __all__ = ["BarkerDecision", "clt_error_bound", "delta_variance", "minibatch_barker_test"]
 
@@ -142,7 +147,7 @@ def minibatch_barker_test(
     else:
         variance = float(delta_variance(outcome.std_error, n_rows, temperature))
         if error_bound is not None:
-            clt_error = clt_error_bound(outcome.values)
+            clt_error = clt_error_bound(evaluated_prefix(outcome.chunks, outcome.n_used))
         noise = math.sqrt(1.0 - variance) * rng.standard_normal() + sample_correction(
             rng, correction
         )

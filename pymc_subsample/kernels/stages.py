@@ -20,7 +20,7 @@ from scipy.special import stdtr
 
 from pymc_subsample.kernels.row_sampler import RowSampler
 
-__all__ = ["StageOutcome", "StageStatistics", "run_stages", "stage_statistics"]
+__all__ = ["StageOutcome", "StageStatistics", "evaluated_prefix", "run_stages", "stage_statistics"]
 
 #: Each oracle call of a test evaluates this many times more stages than the previous one.
 STAGE_GROWTH = 2
@@ -51,7 +51,7 @@ class StageOutcome(NamedTuple):
     n_data: int
     full_data: bool
     nonfinite: bool
-    values: np.ndarray
+    chunks: tuple[np.ndarray, ...]
 
 
 class _Sums(NamedTuple):
@@ -154,14 +154,22 @@ def run_stages(
     n_stages, stages_per_call = 0, 1
 
     def prefix(n_values: int) -> np.ndarray:
-        return np.concatenate(chunks)[:n_values]
+        return evaluated_prefix(tuple(chunks), n_values)
 
     while True:
         values = log_ratio_rows(rows.draw(rng, stages_per_call * batch_size))
         chunks.append(values)
         if not math.isfinite(float(values.sum())):
             return StageOutcome(
-                math.nan, math.nan, math.nan, 0, n_stages + 1, rows.n_taken, False, True, values
+                math.nan,
+                math.nan,
+                math.nan,
+                0,
+                n_stages + 1,
+                rows.n_taken,
+                False,
+                True,
+                tuple(chunks),
             )
         if sums is None:
             first_stage = values[:batch_size]
@@ -181,10 +189,21 @@ def run_stages(
                 n_data=rows.n_taken,
                 full_data=n_used == n_rows,
                 nonfinite=False,
-                values=prefix(n_used),
+                chunks=tuple(chunks),
             )
         n_stages += stats.n_values.size
         stages_per_call *= STAGE_GROWTH
+
+
+def evaluated_prefix(chunks: tuple[np.ndarray, ...], n_values: int) -> np.ndarray:
+    """Return the first ``n_values`` log-ratios evaluated in a test, in evaluation order.
+
+    Only rules and statistics that need the values themselves (Corollary 1 of Seita et al.)
+    call this; the staged test itself keeps running sums and copies nothing.
+    """
+    if len(chunks) == 1 or chunks[0].size >= n_values:
+        return chunks[0][:n_values]
+    return np.concatenate(chunks)[:n_values]
 
 
 def _chunk_stages(

@@ -88,7 +88,6 @@ class SubsampleStepBase(ArrayStepShared):
             compile_kwargs=compile_kwargs,
             with_gradients=with_gradients,
         )
-        self.row_sampler = RowSampler(self.oracles.n_rows)
         _warn_row_length_deterministics(model, initial_point, self.oracles.n_rows)
         super().__init__(vars, self.oracles.shared, blocked=blocked, rng=rng)
 
@@ -147,6 +146,7 @@ class SubsampleMetropolisBase(SubsampleStepBase):
             compile_kwargs=compile_kwargs,
             blocked=blocked,
         )
+        self.row_sampler = RowSampler(self.oracles.n_rows)  # 8 bytes per row, allocated once
         n_params = self.oracles.n_params
         self.proposal = RandomWalkProposal(n_params, proposal_cov)
         self._initial_scaling = _check_scaling(scaling, n_params)
