@@ -8,7 +8,12 @@ from typing import Any
 
 import numpy as np
 
-from pymc_subsample.kernels import RowSampler, exact_mh_test, sequential_mh_test
+from pymc_subsample.kernels import (
+    LangevinProposal,
+    RowSampler,
+    exact_mh_test,
+    sequential_mh_test,
+)
 
 
 @dataclass
@@ -44,6 +49,35 @@ class GaussianMean:
     def log_prior_ratio(self, theta_new: float, theta_old: float) -> float:
         return -0.5 * (theta_new**2 - theta_old**2) / self.prior_sd**2
 
+    def minibatch_gradient(self, rows: np.ndarray):
+        # grad log prior + (N / (n T)) sum_i (x_i - theta) over the rows (eq. 21 of 2016).
+        factor = self.n_rows / (rows.size * self.temperature)
+        batch_sum = float(self.x[rows].sum())
+
+        def gradient(theta: np.ndarray) -> np.ndarray:
+            return -theta / self.prior_sd**2 + factor * (batch_sum - rows.size * theta)
+
+        return gradient
+
+
+#: propose(rng, theta) -> (proposal, log q(theta | proposal) - log q(proposal | theta))
+Propose = Callable[[np.random.Generator, float], tuple[float, float]]
+
+
+def langevin(
+    model: GaussianMean, scale_in_sds: float, batch_size: int, *, with_ratio: bool = True
+) -> Propose:
+    """The minibatch Langevin proposal; ``with_ratio=False`` is a mutant that drops its ratio."""
+    proposal = LangevinProposal(1)
+    scaling = scale_in_sds * model.post_sd
+
+    def propose(rng: np.random.Generator, theta: float) -> tuple[float, float]:
+        rows = rng.integers(0, model.n_rows, size=batch_size)
+        new, log_ratio = proposal(rng, np.array([theta]), scaling, model.minibatch_gradient(rows))
+        return float(new[0]), log_ratio if with_ratio else 0.0
+
+    return propose
+
 
 #: decide(rng, log_ratio_rows, sampler, log_prior_ratio) -> a decision with .accepted, .n_data
 Decide = Callable[[np.random.Generator, Any, RowSampler, float], Any]
@@ -78,9 +112,11 @@ def run_chains(
     n_steps: int,
     seed: int,
     scale_in_sds: float = 2.38,
+    propose: Propose | None = None,
 ) -> tuple[np.ndarray, float]:
     """Run chains started at exact posterior draws; return end states and mean rows per step.
 
+    The proposal is a random walk of ``scale_in_sds`` posterior sds unless ``propose`` is given.
     Chain c uses ``np.random.default_rng([seed, c])`` for its start, proposals and test, so that
     runs with different kernels share random numbers chain by chain.
     """
@@ -92,12 +128,15 @@ def run_chains(
         rng = np.random.default_rng([seed, chain])
         theta = model.post_mean + model.post_sd * rng.standard_normal()
         for _ in range(n_steps):
-            proposal = theta + scale * rng.standard_normal()
+            if propose is None:
+                proposal, log_proposal_ratio = theta + scale * rng.standard_normal(), 0.0
+            else:
+                proposal, log_proposal_ratio = propose(rng, theta)
             decision = decide(
                 rng,
                 model.log_ratio_rows(proposal, theta),
                 sampler,
-                model.log_prior_ratio(proposal, theta),
+                model.log_prior_ratio(proposal, theta) + log_proposal_ratio,
             )
             rows_used += decision.n_data
             if decision.accepted:

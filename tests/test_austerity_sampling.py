@@ -135,6 +135,7 @@ def test_stats_names_dtypes_and_meaning(regression_runs):
         "n_batches": np.int64,
         "full_data": np.bool_,
         "nonfinite_proposal": np.bool_,
+        "n_grad_rows": np.int64,
         "scaling": np.float64,
         "temperature": np.float64,
     }

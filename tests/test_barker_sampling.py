@@ -82,11 +82,13 @@ def test_stats_names_and_dtypes(small_regression):
         "variance": np.float64,
         "clt_error": np.float64,
         "nonfinite_proposal": np.bool_,
+        "n_grad_rows": np.int64,
         "scaling": np.float64,
         "temperature": np.float64,
     }
     for name, dtype in expected.items():
         assert stats[name].dtype == dtype, name
+    assert np.all(stats["n_grad_rows"].values == 0)  # random walk: no gradients
     partial = ~stats["full_data"].values
     assert np.all(stats["clt_error"].values[partial] <= 0.9)
 

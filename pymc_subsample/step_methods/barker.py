@@ -41,7 +41,7 @@ def barker_tune(scaling: float, acceptance: float) -> float:
 
 
 class MinibatchBarkerMH(SubsampleMetropolisBase):
-    r"""Random-walk MH whose accept test is the minibatch Barker test of Seita et al.
+    r"""Metropolis-Hastings whose accept test is the minibatch Barker test of Seita et al.
 
     Implements Algorithm 1 of Seita, Pan, Chen and Canny, "An Efficient Minibatch Acceptance
     Test for Metropolis-Hastings" (UAI 2018). Each step proposes ``q' = q + scaling * L z`` in the
@@ -72,8 +72,10 @@ class MinibatchBarkerMH(SubsampleMetropolisBase):
         The paper's delta, in (0, 1): also grow the batch until Corollary 1's bound on the
         CDF error of ``Delta*`` is at most this. The bound is loose (about ``11.8 / sqrt(b)`` on
         Gaussian data, so 0.1 needs about 14,000 rows); None (default) skips it.
-    scaling, proposal_cov, tune_interval, obs_dim, model, rng, compile_kwargs
-        As for :class:`~pymc_subsample.AusterityMH`. Tuning follows :func:`barker_tune`.
+    proposal, scaling, proposal_cov, tune_interval, obs_dim, model, rng, compile_kwargs
+        As for :class:`~pymc_subsample.AusterityMH`. Tuning follows :func:`barker_tune`. With
+        ``proposal="langevin"`` the Barker test compares ``Delta*`` plus the log proposal
+        ratio of the minibatch-gradient proposal (eq. 21-22 of Korattikara et al. 2016).
 
     Notes
     -----
@@ -102,6 +104,9 @@ class MinibatchBarkerMH(SubsampleMetropolisBase):
         Corollary 1's bound at the final batch; NaN unless ``error_bound`` is set.
     nonfinite_proposal : bool
         Rejected because the prior or a row's log-likelihood was NaN or infinite.
+    n_grad_rows : int64
+        Rows whose per-row gradient was evaluated for the Langevin proposal
+        (``2 * batch_size``: the same rows at ``q`` and ``q'``); 0 for the random walk.
     scaling : float64
         Proposal scale used.
     temperature : float64
@@ -117,6 +122,7 @@ class MinibatchBarkerMH(SubsampleMetropolisBase):
         "variance": (np.float64, []),
         "clt_error": (np.float64, []),
         "nonfinite_proposal": (bool, []),
+        "n_grad_rows": (np.int64, []),
         "scaling": (np.float64, []),
         "temperature": (np.float64, []),
     }
@@ -128,6 +134,7 @@ class MinibatchBarkerMH(SubsampleMetropolisBase):
         *,
         batch_size: int = 100,
         temperature: float = 1.0,
+        proposal: str = "random_walk",
         error_bound: float | None = None,
         scaling: float | None = None,
         proposal_cov: ArrayLike | None = None,
@@ -144,6 +151,7 @@ class MinibatchBarkerMH(SubsampleMetropolisBase):
             vars,
             batch_size=batch_size,
             temperature=temperature,
+            proposal=proposal,
             scaling=scaling,
             proposal_cov=proposal_cov,
             tune_interval=tune_interval,

@@ -2,7 +2,8 @@
 
 A subclass supplies ``_decide(log_ratio_rows, log_prior_proposal_ratio)``, which runs its test
 kernel and returns a NamedTuple whose fields are stat names, and declares those stats (plus
-those of ``_draw_stats``, at least ``scaling``) in ``stats_dtypes_shapes``.
+those of ``_draw_stats``: ``n_grad_rows``, ``scaling``, ``temperature``) in
+``stats_dtypes_shapes``.
 """
 
 from __future__ import annotations
@@ -25,13 +26,16 @@ from pymc.util import RandomGenerator, get_random_generator, get_value_vars_from
 from pytensor.graph.basic import Variable
 from pytensor.tensor.variable import TensorVariable
 
-from pymc_subsample.kernels.proposals import RandomWalkProposal
+from pymc_subsample.kernels.proposals import LangevinProposal, RandomWalkProposal
 from pymc_subsample.kernels.row_sampler import RowSampler
 from pymc_subsample.model.oracles import ModelOracles, build_oracles
 from pymc_subsample.step_methods.progress import make_progressbar_updaters, progressbar_config
 from pymc_subsample.warnings import SubsampleWarning
 
-__all__ = ["SubsampleMHState", "SubsampleMetropolisBase", "SubsampleStepBase"]
+__all__ = ["PROPOSALS", "SubsampleMHState", "SubsampleMetropolisBase", "SubsampleStepBase"]
+
+#: Proposal kinds of the Metropolis-Hastings steps.
+PROPOSALS = ("random_walk", "langevin")
 
 
 class TestDecision(Protocol):
@@ -112,7 +116,10 @@ class SubsampleStepBase(ArrayStepShared):
 
 
 class SubsampleMetropolisBase(SubsampleStepBase):
-    """Random-walk Metropolis-Hastings whose accept test looks at a subset of the rows."""
+    """Metropolis-Hastings whose accept test looks at a subset of the rows.
+
+    The proposal is a random walk or a Langevin step on a minibatch gradient (``proposal``).
+    """
 
     _state_class = SubsampleMHState
     _progressbar_config = staticmethod(progressbar_config)
@@ -126,6 +133,7 @@ class SubsampleMetropolisBase(SubsampleStepBase):
         *,
         batch_size: int,
         temperature: float,
+        proposal: str,
         scaling: float | None,
         proposal_cov: ArrayLike | None,
         tune_interval: int,
@@ -137,6 +145,9 @@ class SubsampleMetropolisBase(SubsampleStepBase):
     ) -> None:
         self.temperature = _check_temperature(temperature)
         self.tune_interval = _check_int("tune_interval", tune_interval, minimum=1)
+        if proposal not in PROPOSALS:
+            raise ValueError(f"proposal must be one of {PROPOSALS}, got {proposal!r}.")
+        self.langevin = proposal == "langevin"
         super().__init__(
             vars,
             batch_size=batch_size,
@@ -145,11 +156,16 @@ class SubsampleMetropolisBase(SubsampleStepBase):
             rng=rng,
             compile_kwargs=compile_kwargs,
             blocked=blocked,
+            with_gradients=self.langevin,
         )
         self.row_sampler = RowSampler(self.oracles.n_rows)  # 8 bytes per row, allocated once
         n_params = self.oracles.n_params
-        self.proposal = RandomWalkProposal(n_params, proposal_cov)
-        self._initial_scaling = _check_scaling(scaling, n_params)
+        self.proposal: RandomWalkProposal | LangevinProposal
+        if self.langevin:
+            self.proposal = LangevinProposal(n_params, proposal_cov)
+        else:
+            self.proposal = RandomWalkProposal(n_params, proposal_cov)
+        self._initial_scaling = _check_scaling(scaling, n_params, langevin=self.langevin)
         self.scaling = self._initial_scaling
         self.tune = True
         self.steps_until_tune = self.tune_interval
@@ -164,11 +180,11 @@ class SubsampleMetropolisBase(SubsampleStepBase):
             )
 
     def astep(self, q0: RaveledVars) -> tuple[RaveledVars, list[dict[str, Any]]]:
-        """Propose by random walk and accept with the subclass's subsampled test."""
+        """Propose and accept with the subclass's subsampled test."""
         if self.tune and self.steps_until_tune == 0:
             self._adapt_scaling()
         q_old = q0.data
-        q_new, log_proposal_ratio = self.proposal(self.rng, q_old, self.scaling)
+        q_new, log_proposal_ratio = self._propose(q_old)
         log_prior_proposal_ratio = self.oracles.log_prior_ratio(q_new, q_old) + log_proposal_ratio
         decision = self._decide(
             partial(self.oracles.loglik_ratio_rows, q_new, q_old), log_prior_proposal_ratio
@@ -179,6 +195,20 @@ class SubsampleMetropolisBase(SubsampleStepBase):
         q = q_new if decision.accepted else q_old
         return RaveledVars(q, q0.point_map_info), [stats]
 
+    def _propose(self, q_old: np.ndarray) -> tuple[np.ndarray, float]:
+        if isinstance(self.proposal, RandomWalkProposal):
+            return self.proposal(self.rng, q_old, self.scaling)
+        # Eq. 21 of Korattikara et al. (2016): one minibatch X_n, drawn with replacement
+        # (an unbiased gradient estimate at O(n)), independent of the rows the test draws,
+        # and used for the gradient at both q and q'.
+        rows = self.rng.integers(0, self.n_rows, size=self.batch_size)
+        return self.proposal(self.rng, q_old, self.scaling, partial(self._minibatch_gradient, rows))
+
+    def _minibatch_gradient(self, rows: np.ndarray, q: np.ndarray) -> np.ndarray:
+        # grad log prior + (N / n) sum of the rows' scores, the likelihood tempered by 1 / T.
+        factor = self.n_rows / (rows.size * self.temperature)
+        return self.oracles.log_prior_grad(q) + factor * self.oracles.score_rows(q, rows).sum(0)
+
     @abstractmethod
     def _decide(
         self, log_ratio_rows: Callable[[np.ndarray], np.ndarray], log_prior_proposal_ratio: float
@@ -187,7 +217,11 @@ class SubsampleMetropolisBase(SubsampleStepBase):
 
     def _draw_stats(self) -> dict[str, float]:
         """Stats of the step itself, added to the kernel's."""
-        return {"scaling": float(self.scaling), "temperature": self.temperature}
+        return {
+            "n_grad_rows": 2 * self.batch_size if self.langevin else 0,
+            "scaling": float(self.scaling),
+            "temperature": self.temperature,
+        }
 
     def _adapt_scaling(self) -> None:
         acceptance = self.accepted_since_tune / self.tune_interval
@@ -218,8 +252,11 @@ def _check_temperature(temperature: float) -> float:
     return value
 
 
-def _check_scaling(scaling: float | None, n_params: int) -> float:
+def _check_scaling(scaling: float | None, n_params: int, *, langevin: bool) -> float:
     if scaling is None:
+        if langevin:
+            # Roberts and Rosenthal (1998): 1.65 / d^(1/6) for Langevin on the posterior scale.
+            return 1.65 / n_params ** (1 / 6)
         # Roberts, Gelman and Gilks (1997): 2.38 / sqrt(d) for a proposal on the posterior scale.
         return 2.38 / np.sqrt(n_params)
     value = float(scaling)
