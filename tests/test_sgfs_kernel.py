@@ -8,6 +8,7 @@ import pytest
 from pymc_subsample.kernels import sgfs
 from pymc_subsample.kernels.sgfs import (
     empirical_fisher,
+    sgfs_factors,
     sgfs_gamma,
     sgfs_precision,
     sgfs_step,
@@ -70,8 +71,8 @@ def _gaussian_chain(n_steps, seed, diagonal=False, step_size=100.0):
         batch = x[rng.integers(0, 2000, size=200)]  # i.i.d. minibatch, as gamma assumes
         scores = (batch - theta) @ precision_x  # g_i = S^-1 (x_i - theta)
         fisher = update_fisher_average(fisher, empirical_fisher(scores, diagonal), t)
-        result = sgfs_step(rng, theta, -theta / 100, scores, 2000, fisher, step_size, None)
-        theta = result.q
+        factors = sgfs_factors(fisher, 2000, batch.shape[0], step_size, None)
+        theta = sgfs_step(rng, theta, -theta / 100, scores, 2000, factors)
         draws[t - 1] = theta
     return draws[n_steps // 5 :], post_mean, post_cov
 

@@ -1,7 +1,7 @@
 """Stochastic Gradient Fisher Scoring (Ahn, Korattikara and Welling 2012, Algorithm 1).
 
-One step, with n rows drawn without replacement, scores ``g_i = d log p(x_i | theta) / d theta``
-and their batch mean ``g_bar``:
+One step, with n rows drawn uniformly with replacement, scores
+``g_i = d log p(x_i | theta) / d theta`` and their batch mean ``g_bar``:
 
     gamma   = (N + n) / n                                         (eq. 8)
     V       = empirical covariance of the n scores                (section 2)
@@ -11,7 +11,8 @@ and their batch mean ``g_bar``:
 
 ``B`` is the preconditioner; by default ``gamma N I_hat_t`` (the paper recommends B
 proportional to I_N). ``fisher="diagonal"`` (SGFS-d) keeps only the diagonal of ``I_hat`` (and
-of B). M is factorised by Cholesky; no inverse is formed.
+of B). M is factorised by Cholesky, once per Fisher average and step size
+(``sgfs_factors``); no inverse is formed.
 """
 
 from __future__ import annotations
@@ -22,21 +23,15 @@ import numpy as np
 from scipy.linalg import cho_factor, cho_solve
 
 __all__ = [
-    "SGFSStep",
+    "SGFSFactors",
     "empirical_fisher",
     "sgfs_gamma",
+    "sgfs_factors",
     "sgfs_precision",
     "sgfs_step",
     "sgfs_update",
     "update_fisher_average",
 ]
-
-
-class SGFSStep(NamedTuple):
-    """The new point and the condition number of M."""
-
-    q: np.ndarray
-    condition_number: float
 
 
 def sgfs_gamma(n_rows: int, batch_size: int) -> float:
@@ -89,14 +84,64 @@ def sgfs_update(
     return q + 2.0 * cho_solve(cho_factor(precision, lower=True), force)
 
 
-def _preconditioner_noise(
-    rng: np.random.Generator, preconditioner: np.ndarray, step_size: float
-) -> np.ndarray:
-    """Draw ``eta ~ N(0, 4 B / eps)``."""
-    z = rng.standard_normal(preconditioner.shape[0])
-    if preconditioner.ndim == 1:
-        return np.sqrt(4.0 * preconditioner / step_size) * z
-    return np.sqrt(4.0 / step_size) * (np.linalg.cholesky(preconditioner) @ z)
+class SGFSFactors(NamedTuple):
+    """What one Fisher average and step size fix for every step: factorisations and condition."""
+
+    precision_factor: np.ndarray | tuple[np.ndarray, bool]
+    noise_factor: np.ndarray
+    condition_number: float
+
+
+def sgfs_factors(
+    fisher: np.ndarray,
+    n_rows: int,
+    batch_size: int,
+    step_size: float,
+    preconditioner: np.ndarray | None,
+) -> SGFSFactors:
+    """Factorise ``M`` and ``B`` once for a given ``I_hat`` and step size.
+
+    Parameters
+    ----------
+    fisher : ndarray
+        Current ``I_hat`` (d, d), or its diagonal (d,) for SGFS-d.
+    n_rows, batch_size : int
+        N and n.
+    step_size : float
+        The paper's epsilon.
+    preconditioner : ndarray or None
+        B, of the same shape as ``fisher``; None for the default ``gamma N I_hat``.
+
+    Returns
+    -------
+    SGFSFactors
+        The Cholesky factor of M (or M's diagonal), the factor ``F`` with
+        ``F F^T = 4 B / eps`` (or its diagonal) and M's condition number.
+
+    Raises
+    ------
+    numpy.linalg.LinAlgError
+        If M or B is not positive definite.
+
+    """
+    gamma = sgfs_gamma(n_rows, batch_size)
+    if preconditioner is None:
+        preconditioner = gamma * n_rows * fisher
+    precision = sgfs_precision(fisher, gamma, n_rows, step_size, preconditioner)
+    if precision.ndim == 1:
+        if not np.all(precision > 0):
+            raise np.linalg.LinAlgError("M has a non-positive diagonal entry.")
+        return SGFSFactors(
+            precision,
+            np.sqrt(4.0 * preconditioner / step_size),
+            float(precision.max() / precision.min()),
+        )
+    eigenvalues = np.linalg.eigvalsh(precision)
+    return SGFSFactors(
+        cho_factor(precision, lower=True),
+        np.sqrt(4.0 / step_size) * np.linalg.cholesky(preconditioner),
+        float(eigenvalues.max() / eigenvalues.min()),
+    )
 
 
 def sgfs_step(
@@ -105,11 +150,9 @@ def sgfs_step(
     prior_grad: np.ndarray,
     scores: np.ndarray,
     n_rows: int,
-    fisher: np.ndarray,
-    step_size: float,
-    preconditioner: np.ndarray | None,
-) -> SGFSStep:
-    """One SGFS update from the batch's scores, with the given Fisher average.
+    factors: SGFSFactors,
+) -> np.ndarray:
+    """One SGFS update (eq. 11) from the batch's scores, with noise ``eta ~ N(0, 4 B / eps)``.
 
     Parameters
     ----------
@@ -121,27 +164,19 @@ def sgfs_step(
         (n, d) per-row gradients on the batch.
     n_rows : int
         N.
-    fisher : ndarray
-        Current ``I_hat`` (d, d), or its diagonal (d,) for SGFS-d.
-    step_size : float
-        The paper's epsilon.
-    preconditioner : ndarray or None
-        B, of the same shape as ``fisher``; None for the default ``gamma N I_hat``.
+    factors : SGFSFactors
+        From :func:`sgfs_factors` for the current ``I_hat`` and step size.
 
     Returns
     -------
-    SGFSStep
+    ndarray
+        The new point; same as :func:`sgfs_update` with ``M`` and this noise.
+
     """
-    gamma = sgfs_gamma(n_rows, scores.shape[0])
-    if preconditioner is None:
-        preconditioner = gamma * n_rows * fisher
-    precision = sgfs_precision(fisher, gamma, n_rows, step_size, preconditioner)
-    noise = _preconditioner_noise(rng, preconditioner, step_size)
-    score_sum = n_rows * scores.mean(axis=0)
-    q_new = sgfs_update(q, prior_grad, score_sum, precision, noise)
-    return SGFSStep(q_new, _condition_number(precision))
-
-
-def _condition_number(precision: np.ndarray) -> float:
-    eigenvalues = precision if precision.ndim == 1 else np.linalg.eigvalsh(precision)
-    return float(eigenvalues.max() / eigenvalues.min())
+    z = rng.standard_normal(q.shape[0])
+    noise_factor = factors.noise_factor
+    noise = noise_factor * z if noise_factor.ndim == 1 else noise_factor @ z
+    force = prior_grad + n_rows * scores.mean(axis=0) + noise
+    if isinstance(factors.precision_factor, np.ndarray):  # diagonal M
+        return q + 2.0 * force / factors.precision_factor
+    return q + 2.0 * cho_solve(factors.precision_factor, force)

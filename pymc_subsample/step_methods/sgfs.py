@@ -16,7 +16,13 @@ from pymc.step_methods.state import dataclass_state
 from pymc.util import RandomGenerator
 from pytensor.tensor.variable import TensorVariable
 
-from pymc_subsample.kernels.sgfs import empirical_fisher, sgfs_step, update_fisher_average
+from pymc_subsample.kernels.sgfs import (
+    SGFSFactors,
+    empirical_fisher,
+    sgfs_factors,
+    sgfs_step,
+    update_fisher_average,
+)
 from pymc_subsample.step_methods.base import SubsampleStepBase
 
 __all__ = ["SGFS", "PolynomialStepSize"]
@@ -162,10 +168,33 @@ class SGFS(SubsampleStepBase):
         self.fisher: np.ndarray | None = None
         self.fisher_count = 0
         self.step_count = 0
+        # Factorisations of M and B for (the Fisher array object, step size): reused while
+        # both stay the same (after tuning, at a fixed step size). Every Fisher update and
+        # every state restore makes a new array, so identity is a safe key.
+        self._factors: tuple[np.ndarray, float, SGFSFactors] | None = None
 
     def reset_tuning(self) -> None:
         """Forget the Fisher average and restart the step counter (a new chain)."""
         self.fisher, self.fisher_count, self.step_count = None, 0, 0
+        self._factors = None
+
+    def _current_factors(self, step_size: float) -> SGFSFactors:
+        assert self.fisher is not None
+        cached = self._factors
+        if cached is None or cached[0] is not self.fisher or cached[1] != step_size:
+            try:
+                factors = sgfs_factors(
+                    self.fisher, self.n_rows, self.batch_size, step_size, self.preconditioner
+                )
+            except np.linalg.LinAlgError as error:
+                raise ValueError(
+                    "SGFS: the empirical Fisher information is singular. Every sampled variable "
+                    "must enter the row likelihood (sample prior-only variables with another "
+                    "step) and batch_size must exceed the number of parameters; or use "
+                    "fisher='diagonal'."
+                ) from error
+            cached = self._factors = (self.fisher, step_size, factors)
+        return cached[2]
 
     def astep(self, q0: RaveledVars) -> tuple[RaveledVars, list[dict[str, Any]]]:
         """One SGFS update on a fresh minibatch."""
@@ -185,31 +214,16 @@ class SGFS(SubsampleStepBase):
             self.fisher_count += 1
             batch_fisher = empirical_fisher(scores, self.diagonal)
             self.fisher = update_fisher_average(self.fisher, batch_fisher, self.fisher_count)
-        try:
-            result = sgfs_step(
-                self.rng,
-                q,
-                self.oracles.log_prior_grad(q),
-                scores,
-                self.n_rows,
-                self.fisher,
-                step_size,
-                self.preconditioner,
-            )
-        except np.linalg.LinAlgError as error:
-            raise ValueError(
-                "SGFS: the empirical Fisher information is singular. Every sampled variable "
-                "must enter the row likelihood (sample prior-only variables with another step) "
-                "and batch_size must exceed the number of parameters; or use fisher='diagonal'."
-            ) from error
-        finite = bool(np.all(np.isfinite(result.q)))
+        factors = self._current_factors(step_size)
+        q_new = sgfs_step(self.rng, q, self.oracles.log_prior_grad(q), scores, self.n_rows, factors)
+        finite = bool(np.all(np.isfinite(q_new)))
         stats = {
             "n_data": self.batch_size,
             "step_size": step_size,
-            "condition_number": result.condition_number,
+            "condition_number": factors.condition_number,
             "nonfinite_update": not finite,
         }
-        return RaveledVars(result.q if finite else q, q0.point_map_info), [stats]
+        return RaveledVars(q_new if finite else q, q0.point_map_info), [stats]
 
 
 def _check_step_size(step_size: float | None, schedule: Callable[[int], float] | None) -> float:
