@@ -157,6 +157,13 @@ def test_tuning_adapts_scaling_and_stops(regression_runs):
 STEPS = [
     pytest.param(lambda vars=None: pms.AusterityMH(vars, error_tolerance=0.01), id="austerity"),
     pytest.param(lambda vars=None: pms.MinibatchBarkerMH(vars, batch_size=200), id="barker"),
+    pytest.param(
+        lambda vars=None: pms.AusterityMH(
+            vars, error_tolerance=0.01, proposal="langevin", batch_size=1000
+        ),
+        id="austerity-langevin",
+    ),
+    pytest.param(lambda vars=None: pms.SGFS(vars, batch_size=500), id="sgfs"),
 ]
 
 

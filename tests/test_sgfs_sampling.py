@@ -82,3 +82,29 @@ def test_discrete_variables_are_refused():
         pm.Normal("y", k, 1.0, observed=np.zeros(20))
         with pytest.raises(ValueError, match="Discrete variables"):
             pms.SGFS(batch_size=10)
+
+
+def test_same_seed_same_draws_whatever_cores_and_fisher_restarts_per_chain():
+    # Chain 1 after chain 0 in one process (cores=1) must equal chain 1 alone in its own
+    # process (cores=2): the Fisher average and step counter restart for every chain.
+    X, y = linear_regression_data(1000, seed=3)
+    mean, _ = linear_regression_posterior(X, y, prior_sd=10.0)
+    runs = []
+    for cores in (1, 2):
+        with linear_regression_model(X, y):
+            runs.append(
+                pm.sample(
+                    draws=30,
+                    tune=30,
+                    chains=2,
+                    cores=cores,
+                    step=pms.SGFS(batch_size=100),
+                    initvals={"beta": mean},
+                    random_seed=5,
+                    **SAMPLE,
+                )
+            )
+    sequential, parallel = runs
+    assert np.array_equal(sequential.posterior["beta"].values, parallel.posterior["beta"].values)
+    condition = sequential.sample_stats["condition_number"].values
+    assert not np.array_equal(condition[0], condition[1])  # each chain has its own Fisher
