@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from scipy.special import ndtr
+from scipy.stats import kstest
 
 from pymc_subsample.kernels import (
     LangevinProposal,
@@ -58,6 +60,25 @@ class GaussianMean:
             return -theta / self.prior_sd**2 + factor * (batch_sum - rows.size * theta)
 
         return gradient
+
+
+def standard_gaussian_mean() -> GaussianMean:
+    """The exact-start tests' model: 2000 rows x_i ~ N(1, 1), prior N(0, 10^2)."""
+    return GaussianMean(np.random.default_rng(0).normal(1.0, 1.0, size=2000))
+
+
+def pit_pvalue(model: GaussianMean, ends: np.ndarray) -> float:
+    """KS p-value of the end states' probability integral transforms against the uniform."""
+    return float(kstest(ndtr((ends - model.post_mean) / model.post_sd), "uniform").pvalue)
+
+
+def tempered_gaussian_mean_data(
+    n_rows: int, temperature: float, seed: int
+) -> tuple[np.ndarray, float, float]:
+    """Rows x_i ~ N(1, 1); the exact mean and sd of mu ~ N(0, 10^2) with likelihood^(1/T)."""
+    x = np.random.default_rng(seed).normal(1.0, 1.0, size=n_rows)
+    precision = n_rows / temperature + 1 / 100
+    return x, x.sum() / temperature / precision, precision**-0.5
 
 
 #: propose(rng, theta) -> (proposal, log q(theta | proposal) - log q(proposal | theta))

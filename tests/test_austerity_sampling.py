@@ -216,14 +216,24 @@ def test_row_length_deterministic_warns():
             pms.AusterityMH(batch_size=100)
 
 
-def test_nan_proposals_are_rejected_and_counted():
+@pytest.mark.parametrize(
+    ("make_step", "min_flagged"),
+    [
+        (lambda: pms.AusterityMH(scaling=3.0, rng=1), 10),
+        (lambda: pms.AusterityMH(proposal="langevin", scaling=0.2, rng=1), 5),
+        (lambda: pms.MinibatchBarkerMH(proposal="langevin", scaling=0.2, rng=1), 5),
+    ],
+    ids=["random-walk", "austerity-langevin", "barker-langevin"],
+)
+def test_nan_proposals_are_rejected_and_counted(make_step, min_flagged):
     # Rows with x < 0 have zero likelihood under Exponential; a Normal "rate" proposal that goes
-    # negative gives NaN/-inf log-likelihood, which must be rejected, never crash.
+    # negative gives NaN/-inf log-likelihood (and, for Langevin, gradient), which must be
+    # rejected, never crash.
     x = np.random.default_rng(0).exponential(size=1000)
     with pm.Model() as model:
         rate = pm.Normal("rate", 1.0, 0.5, initval=1.0)
         pm.Exponential("x", lam=rate, observed=x)
-        step = pms.AusterityMH(scaling=3.0, rng=1)
+        step = make_step()
     step.stop_tuning()
     point = model.initial_point()
     flagged = 0
@@ -231,7 +241,7 @@ def test_nan_proposals_are_rejected_and_counted():
         point, stats = step.step(point)
         flagged += stats[0]["nonfinite_proposal"]
         assert point["rate"] > 0
-    assert flagged > 10
+    assert flagged > min_flagged
 
 
 def test_progress_bar_shows_running_mean_rows_per_draw():

@@ -9,6 +9,7 @@ import numpy as np
 import pymc as pm
 import pytest
 from conftest import linear_regression_data, linear_regression_model, linear_regression_posterior
+from conjugate import tempered_gaussian_mean_data
 
 import pymc_subsample as pms
 
@@ -25,11 +26,8 @@ def test_tempered_gaussian_mean_matches_exact_tempered_posterior():
     # so 0.15 sd is 4.5 standard errors (plus the test's own CLT error, measured near 0);
     # sds within 10% (Monte Carlo error about 2.4%). Ignoring T (targeting the untempered
     # posterior) would shrink the sd tenfold.
-    rng = np.random.default_rng(3)
     n_rows, temperature = 20_000, 100.0
-    x = rng.normal(1.0, 1.0, size=n_rows)
-    precision = n_rows / temperature + 1 / 100
-    mean, sd = x.sum() / temperature / precision, precision**-0.5
+    x, mean, sd = tempered_gaussian_mean_data(n_rows, temperature, seed=3)
     with pm.Model():
         mu = pm.Normal("mu", 0, 10)
         pm.Normal("x", mu, 1.0, observed=x)
