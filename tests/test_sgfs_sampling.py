@@ -84,6 +84,7 @@ def test_discrete_variables_are_refused():
             pms.SGFS(batch_size=10)
 
 
+@pytest.mark.filterwarnings("ignore:.*fork.*:DeprecationWarning")
 def test_same_seed_same_draws_whatever_cores_and_fisher_restarts_per_chain():
     # Chain 1 after chain 0 in one process (cores=1) must equal chain 1 alone in its own
     # process (cores=2): the Fisher average and step counter restart for every chain.
