@@ -31,6 +31,43 @@ def logistic_model(X: np.ndarray, y: np.ndarray) -> pm.Model:
     return model
 
 
+def sgld_chain(
+    model: pm.Model,
+    start: np.ndarray,
+    *,
+    step_size: float,
+    batch_size: int,
+    burn_in: int,
+    steps: int,
+    seed: int,
+    clock_offset: float = 0.0,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Uncorrected SGLD on the package's per-row gradients (Welling and Teh 2011).
+
+    ``q' = q + (eps/2) g(q) + N(0, eps)`` with ``g`` the minibatch gradient of ``batch_size``
+    rows drawn with replacement. Returns the ``steps`` draws after ``burn_in`` and, for each,
+    the seconds since the call started plus ``clock_offset`` (compilation included).
+    """
+    from pymc_subsample.model.oracles import build_oracles
+
+    start_time = time.perf_counter() - clock_offset
+    oracles = build_oracles(
+        model, model.value_vars, initial_point=model.initial_point(), with_gradients=True
+    )
+    rng = np.random.default_rng(seed)
+    q = np.array(start, dtype=float).ravel()
+    draws = np.empty((steps, q.size))
+    stamps = np.empty(steps)
+    for t in range(burn_in + steps):
+        rows = rng.integers(0, oracles.n_rows, size=batch_size)
+        gradient = oracles.minibatch_gradient(q, rows)
+        q = q + 0.5 * step_size * gradient + np.sqrt(step_size) * rng.standard_normal(q.size)
+        if t >= burn_in:
+            draws[t - burn_in] = q
+            stamps[t - burn_in] = time.perf_counter() - start_time
+    return draws, stamps
+
+
 def steps_per_second(step_fn: Callable[[], Any], min_seconds: float = 2.0) -> tuple[float, int]:
     """Call ``step_fn`` repeatedly for at least ``min_seconds``; return (rate, calls)."""
     step_fn()

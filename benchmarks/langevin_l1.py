@@ -35,10 +35,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 import pymc as pm
-from common import RESULTS, write_json
+from common import RESULTS, sgld_chain, write_json
 
 import pymc_subsample as pms
-from pymc_subsample.model.oracles import build_oracles
 
 N_ROWS = 10_000
 LAMBDA, LAMBDA0 = 3.0, 4950.0
@@ -69,23 +68,6 @@ def exact_log_density(x: np.ndarray, y: np.ndarray, theta: np.ndarray) -> np.nda
 
 def exact_gradient(x: np.ndarray, y: np.ndarray, theta: np.ndarray) -> np.ndarray:
     return -LAMBDA * (theta * float(x @ x) - float(x @ y)) - LAMBDA0 * np.sign(theta)
-
-
-def uncorrected_sgld(model: pm.Model, start: float, samples: int, seed: int) -> np.ndarray:
-    oracles = build_oracles(
-        model, model.value_vars, initial_point=model.initial_point(), with_gradients=True
-    )
-    rng = np.random.default_rng(seed)
-    q = np.array([start])
-    draws = np.empty(samples)
-    for t in range(samples):
-        rows = rng.integers(0, N_ROWS, size=BATCH_SIZE)
-        gradient = oracles.log_prior_grad(q) + N_ROWS / BATCH_SIZE * oracles.score_rows(
-            q, rows
-        ).sum(0)
-        q = q + 0.5 * ALPHA * gradient + np.sqrt(ALPHA) * rng.standard_normal(1)
-        draws[t] = q[0]
-    return draws
 
 
 def corrected(model: pm.Model, start: float, samples: int, tolerance: float, seed: int):
@@ -150,7 +132,16 @@ def main() -> None:
     results: dict[str, dict[str, Any]] = {}
     chains: dict[str, np.ndarray] = {}
     start = time.perf_counter()
-    chains["SGLD, uncorrected"] = uncorrected_sgld(model, mode, args.samples, seed=1)
+    draws, _ = sgld_chain(
+        model,
+        np.array([mode]),
+        step_size=ALPHA,
+        batch_size=BATCH_SIZE,
+        burn_in=0,
+        steps=args.samples,
+        seed=1,
+    )
+    chains["SGLD, uncorrected"] = draws[:, 0]
     results["SGLD, uncorrected"] = {
         "seconds": time.perf_counter() - start,
         "rows_per_step": BATCH_SIZE,

@@ -42,10 +42,9 @@ import arviz as az
 import matplotlib.pyplot as plt
 import numpy as np
 import pymc as pm
-from common import RESULTS, write_json
+from common import RESULTS, sgld_chain, write_json
 
 import pymc_subsample as pms
-from pymc_subsample.model.oracles import build_oracles
 
 N_FEATURES = 50
 BATCH_SIZE = 2000
@@ -98,34 +97,6 @@ def sample_with_clock(model: pm.Model, draws: int, start_time: float, **kwargs: 
         )
     samples = idata.posterior["beta"].values[0]
     return samples, np.array(stamps[-draws:]), idata
-
-
-def sgld(
-    model: pm.Model, start: np.ndarray, step_size: float, steps: int, seed: int, offset: float
-):
-    """Plain SGLD on the package's compiled per-row gradients; returns draws and clock.
-
-    ``offset`` (the seconds ``find_MAP`` took) is added to the clock, as for SGFS.
-    """
-    start_time = time.perf_counter() - offset
-    oracles = build_oracles(
-        model, model.value_vars, initial_point=model.initial_point(), with_gradients=True
-    )
-    rng = np.random.default_rng(seed)
-    n_rows = oracles.n_rows
-    q = start.copy()
-    draws = np.empty((steps, q.size))
-    stamps = np.empty(steps)
-    for t in range(TUNE + steps):
-        rows = rng.integers(0, n_rows, size=BATCH_SIZE)
-        gradient = oracles.log_prior_grad(q) + n_rows / BATCH_SIZE * oracles.score_rows(
-            q, rows
-        ).sum(0)
-        q = q + 0.5 * step_size * gradient + np.sqrt(step_size) * rng.standard_normal(q.size)
-        if t >= TUNE:
-            draws[t - TUNE] = q
-            stamps[t - TUNE] = time.perf_counter() - start_time
-    return draws, stamps
 
 
 def nuts_reference(model: pm.Model, args: argparse.Namespace):
@@ -248,8 +219,15 @@ def main() -> None:
     map_seconds = time.perf_counter() - start
     for step_size in SGLD_STEP_SIZES:
         name = f"SGLD eps={step_size:g}"
-        draws, stamps = sgld(
-            model, map_point["beta"], step_size, args.sgfs_draws, seed=7, offset=map_seconds
+        draws, stamps = sgld_chain(
+            model,
+            map_point["beta"],
+            step_size=step_size,
+            batch_size=BATCH_SIZE,
+            burn_in=TUNE,
+            steps=args.sgfs_draws,
+            seed=7,
+            clock_offset=map_seconds,
         )
         curves[name] = relative_errors(draws, stamps, ref_mean, ref_cov)
         runs[name] = {"draws": args.sgfs_draws, "rows_per_step": BATCH_SIZE, "step_size": step_size}

@@ -78,10 +78,17 @@ def sgfs_update(
     ...                   np.array([0.5]))[0])  # 1 + 2 * (-1 + 3 + 0.5) / 4
     2.25
     """
-    force = prior_grad + score_sum + noise
-    if precision.ndim == 1:
-        return q + 2.0 * force / precision
-    return q + 2.0 * cho_solve(cho_factor(precision, lower=True), force)
+    factor = precision if precision.ndim == 1 else cho_factor(precision, lower=True)
+    return _move(q, prior_grad + score_sum + noise, factor)
+
+
+def _move(
+    q: np.ndarray, force: np.ndarray, precision_factor: np.ndarray | tuple[np.ndarray, bool]
+) -> np.ndarray:
+    # q + 2 M^{-1} force, with M given by its diagonal or its Cholesky factor (cho_factor).
+    if isinstance(precision_factor, np.ndarray):
+        return q + 2.0 * force / precision_factor
+    return q + 2.0 * cho_solve(precision_factor, force)
 
 
 class SGFSFactors(NamedTuple):
@@ -177,6 +184,4 @@ def sgfs_step(
     noise_factor = factors.noise_factor
     noise = noise_factor * z if noise_factor.ndim == 1 else noise_factor @ z
     force = prior_grad + n_rows * scores.mean(axis=0) + noise
-    if isinstance(factors.precision_factor, np.ndarray):  # diagonal M
-        return q + 2.0 * force / factors.precision_factor
-    return q + 2.0 * cho_solve(factors.precision_factor, force)
+    return _move(q, force, factors.precision_factor)

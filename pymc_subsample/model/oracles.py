@@ -89,6 +89,17 @@ class ModelOracles:
         """Gradient of :meth:`log_prior`."""
         return self._gradient("log_prior_grad", self._prior_grad_fn)(q)
 
+    def minibatch_gradient(
+        self, q: np.ndarray, rows: np.ndarray, temperature: float = 1.0
+    ) -> np.ndarray:
+        """``log_prior_grad(q) + N / (n T) * sum of score_rows(q, rows)``: unbiased for i.i.d. rows.
+
+        The gradient estimate of stochastic-gradient Langevin dynamics (Korattikara et al. 2016,
+        eq. 21), with the likelihood tempered by ``1 / temperature``.
+        """
+        factor = self.n_rows / (rows.size * temperature)
+        return self.log_prior_grad(q) + factor * self.score_rows(q, rows).sum(0)
+
     @staticmethod
     def _gradient(name: str, function: Callable | None) -> Callable:
         if function is None:

@@ -145,9 +145,7 @@ class SubsampleMetropolisBase(SubsampleStepBase):
     ) -> None:
         self.temperature = _check_temperature(temperature)
         self.tune_interval = _check_int("tune_interval", tune_interval, minimum=1)
-        if proposal not in PROPOSALS:
-            raise ValueError(f"proposal must be one of {PROPOSALS}, got {proposal!r}.")
-        self.langevin = proposal == "langevin"
+        self.langevin = _check_choice("proposal", proposal, PROPOSALS) == "langevin"
         super().__init__(
             vars,
             batch_size=batch_size,
@@ -202,12 +200,8 @@ class SubsampleMetropolisBase(SubsampleStepBase):
         # (an unbiased gradient estimate at O(n)), independent of the rows the test draws,
         # and used for the gradient at both q and q'.
         rows = self.rng.integers(0, self.n_rows, size=self.batch_size)
-        return self.proposal(self.rng, q_old, self.scaling, partial(self._minibatch_gradient, rows))
-
-    def _minibatch_gradient(self, rows: np.ndarray, q: np.ndarray) -> np.ndarray:
-        # grad log prior + (N / n) sum of the rows' scores, the likelihood tempered by 1 / T.
-        factor = self.n_rows / (rows.size * self.temperature)
-        return self.oracles.log_prior_grad(q) + factor * self.oracles.score_rows(q, rows).sum(0)
+        gradient = partial(self.oracles.minibatch_gradient, rows=rows, temperature=self.temperature)
+        return self.proposal(self.rng, q_old, self.scaling, gradient)
 
     @abstractmethod
     def _decide(
@@ -240,6 +234,12 @@ def _check_int(name: str, value: Any, *, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < minimum:
         raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}.")
     return int(value)
+
+
+def _check_choice(name: str, value: str, options: tuple[str, ...]) -> str:
+    if value not in options:
+        raise ValueError(f"{name} must be one of {options}, got {value!r}.")
+    return value
 
 
 def _check_temperature(temperature: float) -> float:

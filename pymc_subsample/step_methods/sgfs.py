@@ -23,7 +23,7 @@ from pymc_subsample.kernels.sgfs import (
     sgfs_step,
     update_fisher_average,
 )
-from pymc_subsample.step_methods.base import SubsampleStepBase
+from pymc_subsample.step_methods.base import SubsampleStepBase, _check_choice
 
 __all__ = ["SGFS", "PolynomialStepSize"]
 
@@ -144,8 +144,10 @@ class SGFS(SubsampleStepBase):
     ) -> None:
         self.step_size = _check_step_size(step_size, step_size_schedule)
         self.step_size_schedule = step_size_schedule
-        self.diagonal = _choose("fisher", fisher, ("full", "diagonal")) == "diagonal"
-        self.adapt_always = _choose("adapt_fisher", adapt_fisher, ("tune", "always")) == "always"
+        self.diagonal = _check_choice("fisher", fisher, ("full", "diagonal")) == "diagonal"
+        self.adapt_always = (
+            _check_choice("adapt_fisher", adapt_fisher, ("tune", "always")) == "always"
+        )
         super().__init__(
             vars,
             batch_size=batch_size,
@@ -236,12 +238,6 @@ def _check_step_size(step_size: float | None, schedule: Callable[[int], float] |
     value = 1.0 if step_size is None else float(step_size)
     if not (math.isfinite(value) and value > 0):
         raise ValueError(f"step_size must be a positive finite number, got {step_size!r}.")
-    return value
-
-
-def _choose(name: str, value: str, options: tuple[str, ...]) -> str:
-    if value not in options:
-        raise ValueError(f"{name} must be one of {options}, got {value!r}.")
     return value
 
 
