@@ -13,11 +13,12 @@ from typing import cast
 
 import pytensor
 import pytensor.tensor as pt
+from pytensor.gradient import disconnected_grad, jacobian
 from pytensor.graph.basic import Variable
 from pytensor.graph.replace import clone_replace, vectorize_graph
 from pytensor.tensor.variable import TensorVariable
 
-__all__ = ["per_row_gradient"]
+__all__ = ["per_row_gradient", "per_row_proxy_terms", "summed_gradient_and_hessian"]
 
 
 def per_row_gradient(
@@ -60,3 +61,65 @@ def _with_leading(variable: TensorVariable, length: int) -> TensorVariable:
     return variable.type.clone(shape=(length, *variable.type.shape[1:]))(
         name=f"{variable.name}_one"
     )
+
+
+def per_row_proxy_terms(
+    rows_logp: TensorVariable,
+    q: TensorVariable,
+    row_inputs: Sequence[TensorVariable],
+    step: TensorVariable,
+    centre: TensorVariable | None,
+) -> TensorVariable:
+    """Per-row Taylor terms ``g_i^T a`` (+ ``a^T H_i b / 2``) at ``q``, batched over the rows.
+
+    ``g_i`` and ``H_i`` are the gradient and Hessian of row i's log-likelihood at ``q``. With
+    ``a = q' - q_old`` (``step``) and ``b = q' + q_old - 2 q_ref`` (``centre``) these are the
+    per-row differences of the first- and second-order Taylor proxies of Bardenet, Doucet and
+    Holmes (2017, section 7.2): ``r_i(q') - r_i(q_old)``. The Hessian enters only through a
+    Hessian-vector product of the one-row graph, so no ``d x d`` matrix is formed per row.
+
+    Parameters
+    ----------
+    rows_logp : TensorVariable
+        Per-row log-likelihood, a graph of ``q`` and ``row_inputs``.
+    q : TensorVariable
+        The point of the expansion (the reference point).
+    row_inputs : sequence of TensorVariable
+        Placeholders for the rows of each data array; the result is batched over them.
+    step, centre : TensorVariable
+        The vectors ``a`` and ``b``; ``centre=None`` gives the first-order terms only.
+
+    Returns
+    -------
+    TensorVariable
+        One value per row of ``row_inputs``.
+    """
+    single = [_with_leading(inp, 1) for inp in row_inputs]
+    replacements: dict[Variable, Variable] = dict(zip(row_inputs, single, strict=True))
+    one_row = cast(
+        TensorVariable, clone_replace(rows_logp, replace=replacements, rebuild_strict=False)
+    )
+    gradient = cast(TensorVariable, pytensor.grad(one_row.sum(), q))
+    term = (gradient * step).sum()
+    if centre is not None:
+        # b may depend on q (b = q' + q_old - 2 q_ref): hold it fixed in the product H_i b.
+        centre = cast(TensorVariable, disconnected_grad(centre))
+        hessian_centre = cast(TensorVariable, pytensor.grad((gradient * centre).sum(), q))
+        term = term + 0.5 * (hessian_centre * step).sum()
+    batched: dict[Variable, Variable] = {
+        one: pt.expand_dims(inp, 1) for one, inp in zip(single, row_inputs, strict=True)
+    }
+    return cast(TensorVariable, vectorize_graph(term, replace=batched))
+
+
+def summed_gradient_and_hessian(
+    rows_logp: TensorVariable, q: TensorVariable
+) -> tuple[TensorVariable, TensorVariable]:
+    """Gradient and Hessian of ``sum_i loglik_i`` over a chunk of rows (d and d x d).
+
+    The Hessian is the Jacobian of the gradient, vectorised over its d entries: one pass per
+    chunk, never a per-row ``d x d`` array.
+    """
+    gradient = cast(TensorVariable, pytensor.grad(rows_logp.sum(), q))
+    hessian = cast(TensorVariable, jacobian(gradient, q, vectorize=True))
+    return gradient, hessian

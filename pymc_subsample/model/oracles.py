@@ -19,11 +19,16 @@ from pymc.pytensorf import compile as compile_pytensor
 from pymc.pytensorf import join_nonshared_inputs, make_shared_replacements
 from pymc.vartypes import discrete_types
 from pytensor.compile.sharedvalue import SharedVariable
+from pytensor.gradient import jacobian
 from pytensor.graph.basic import Variable
 from pytensor.graph.replace import clone_replace
 from pytensor.tensor.variable import TensorConstant, TensorVariable
 
-from pymc_subsample.model.gradients import per_row_gradient
+from pymc_subsample.model.gradients import (
+    per_row_gradient,
+    per_row_proxy_terms,
+    summed_gradient_and_hessian,
+)
 from pymc_subsample.model.rows import RowLayout, find_row_layout, row_loglik_graph
 
 __all__ = ["ModelOracles", "build_oracles", "check_continuous"]
@@ -60,6 +65,11 @@ class ModelOracles:
     _row_data: tuple[Variable, ...]
     _score_fn: Callable | None = None
     _prior_grad_fn: Callable | None = None
+    _residual_fn: Callable | None = None
+    _sums_fn: Callable | None = None
+    _prior_hessian_fn: Callable | None = None
+    _frozen: tuple[tuple[SharedVariable, SharedVariable], ...] = ()
+    proxy_order: int = 0
 
     def log_prior(self, q: np.ndarray) -> float:
         """Free-variable log-densities with Jacobians, Potentials, and off-row observed terms."""
@@ -100,6 +110,67 @@ class ModelOracles:
         factor = self.n_rows / (rows.size * temperature)
         return self.log_prior_grad(q) + factor * self.score_rows(q, rows).sum(0)
 
+    def loglik_sum(self, q: np.ndarray, chunk_size: int = 65536) -> float:
+        """``sum_i loglik_i(q)`` over all N rows, in chunks: O(N) time, O(chunk_size) memory."""
+        return float(
+            sum(
+                self.loglik_rows(q, np.arange(start, min(start + chunk_size, self.n_rows))).sum()
+                for start in range(0, self.n_rows, chunk_size)
+            )
+        )
+
+    def residual_ratio_rows(
+        self, q_new: np.ndarray, q_old: np.ndarray, q_ref: np.ndarray, idx: np.ndarray
+    ) -> np.ndarray:
+        """Per-row ``l_i(q_new) - l_i(q_old)`` minus the Taylor proxies' difference at ``q_ref``.
+
+        The proxies are of order :attr:`proxy_order` (1 or 2), expanded at ``q_ref`` with the
+        other model variables frozen at their values at the last :meth:`freeze_shared`, so that
+        :meth:`gradient_hessian_sums` sums exactly the proxies subtracted here.
+        """
+        return self._gradient("residual_ratio_rows", self._residual_fn)(
+            q_new, q_old, q_ref, *self._gather(idx)
+        )
+
+    def gradient_hessian_sums(
+        self, q: np.ndarray, idx: np.ndarray | None = None, chunk_size: int = 8192
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """``sum_i grad loglik_i(q)`` and ``sum_i hess loglik_i(q)`` over rows ``idx`` (all rows).
+
+        Rows are summed in chunks of ``chunk_size`` rows: O(N) time, O(chunk_size * d)
+        memory. Other model variables are read at their frozen values (:meth:`freeze_shared`).
+        """
+        sums_fn = self._gradient("gradient_hessian_sums", self._sums_fn)
+        d = self.n_params
+        gradient, hessian = np.zeros(d), np.zeros((d, d))
+        rows_all = np.arange(self.n_rows) if idx is None else np.asarray(idx, dtype="int64")
+        chunks = (
+            rows_all[start : start + chunk_size] for start in range(0, rows_all.size, chunk_size)
+        )
+        for rows in chunks:
+            chunk_gradient, chunk_hessian = sums_fn(q, *self._gather(rows))
+            gradient += chunk_gradient
+            hessian += chunk_hessian
+        return gradient, hessian
+
+    def log_prior_hessian(self, q: np.ndarray) -> np.ndarray:
+        """Hessian of :meth:`log_prior` (d x d)."""
+        return self._gradient("log_prior_hessian", self._prior_hessian_fn)(q)
+
+    def freeze_shared(self) -> None:
+        """Copy the current values of the variables this step does not sample into the proxies."""
+        for live, frozen in self._frozen:
+            frozen.set_value(np.array(live.get_value(borrow=True), copy=True))
+
+    def frozen_values(self) -> list[np.ndarray]:
+        """Return copies of the frozen values (see :meth:`freeze_shared`)."""
+        return [np.array(frozen.get_value(), copy=True) for _, frozen in self._frozen]
+
+    def set_frozen(self, values: list[np.ndarray]) -> None:
+        """Set the frozen copies to ``values`` (as returned by :meth:`frozen_values`)."""
+        for (_, frozen), value in zip(self._frozen, values, strict=True):
+            frozen.set_value(value)
+
     @staticmethod
     def _gradient(name: str, function: Callable | None) -> Callable:
         if function is None:
@@ -136,6 +207,7 @@ def build_oracles(
     obs_dim: str | None = None,
     compile_kwargs: dict[str, Any] | None = None,
     with_gradients: bool = False,
+    proxy_order: int = 0,
 ) -> ModelOracles:
     """Read the model once and compile the per-row and prior functions for ``vars``.
 
@@ -153,6 +225,10 @@ def build_oracles(
         Passed to PyTensor's compiler, e.g. ``{"mode": "NUMBA"}`` or ``{"mode": "JAX"}``.
     with_gradients : bool, default False
         Also compile ``score_rows`` (per-row gradients) and ``log_prior_grad``.
+    proxy_order : {0, 1, 2}, default 0
+        With 1 or 2, also compile the control-variate functions: ``residual_ratio_rows``
+        (Taylor proxies of that order), ``gradient_hessian_sums`` and ``log_prior_hessian``
+        (which imply ``with_gradients``).
 
     Returns
     -------
@@ -179,7 +255,14 @@ def build_oracles(
 
     kwargs = dict(compile_kwargs or {})
     row_inputs = list(graph.row_inputs)
-    gradients: dict[str, Callable] = {}
+    gradients: dict[str, Any] = {}
+    if proxy_order not in (0, 1, 2):
+        raise ValueError(f"proxy_order must be 0, 1 or 2, got {proxy_order!r}.")
+    with_gradients = with_gradients or proxy_order > 0
+    if proxy_order:
+        gradients.update(
+            _proxy_functions(rows_q, prior_q, q, q_old, row_inputs, shared, proxy_order, kwargs)
+        )
     if with_gradients:
         scores, batched_inputs = per_row_gradient(rows_q, q, row_inputs)
         gradients["_score_fn"] = _compile([q, *batched_inputs], scores, kwargs)
@@ -194,12 +277,49 @@ def build_oracles(
         _rows_fn=_compile([q, *row_inputs], rows_q, kwargs),
         _ratio_fn=_compile([q, q_old, *row_inputs], rows_q - rows_q_old, kwargs),
         _row_data=graph.row_data,
+        proxy_order=proxy_order,
         **gradients,
     )
     full_fn = _compile([q], full_q, kwargs)
     q0 = np.concatenate([np.ravel(initial_point[str(v.name)]) for v in vars]).astype("float64")
     _self_check(oracles, full_fn, q0)
     return oracles
+
+
+def _proxy_functions(
+    rows_q: TensorVariable,
+    prior_q: TensorVariable,
+    q: TensorVariable,
+    q_old: TensorVariable,
+    row_inputs: list[TensorVariable],
+    shared: dict[Variable, Variable],
+    proxy_order: int,
+    kwargs: dict[str, Any],
+) -> dict[str, Any]:
+    """Compile the residuals ``l_i - proxy_i``, the proxies' sums, and the prior's Hessian."""
+    frozen = tuple(
+        (live, pytensor.shared(np.array(live.get_value(), copy=True), name=f"{live.name}_frozen"))
+        for live in shared.values()
+        if isinstance(live, SharedVariable)
+    )
+    q_ref = q.type("q_ref")
+    replacements: dict[Variable, Variable] = {q: q_ref}
+    replacements.update(frozen)
+    rows_ref = cast(TensorVariable, clone_replace(rows_q, replace=replacements))
+    old: dict[Variable, Variable] = {q: q_old}
+    rows_old = cast(TensorVariable, clone_replace(rows_q, replace=old))
+    step = q - q_old
+    centre = q + q_old - 2 * q_ref if proxy_order == 2 else None
+    proxies = per_row_proxy_terms(rows_ref, q_ref, row_inputs, step, centre)
+    residuals = rows_q - rows_old - proxies
+    gradient_sum, hessian_sum = summed_gradient_and_hessian(rows_ref, q_ref)
+    prior_hessian = jacobian(pytensor.grad(prior_q, q), q, vectorize=True)
+    return {
+        "_residual_fn": _compile([q, q_old, q_ref, *row_inputs], residuals, kwargs),
+        "_sums_fn": _compile([q_ref, *row_inputs], [gradient_sum, hessian_sum], kwargs),
+        "_prior_hessian_fn": _compile([q], prior_hessian, kwargs),
+        "_frozen": frozen,
+    }
 
 
 def _compile(inputs: list[Variable], outputs: Any, kwargs: dict[str, Any]) -> Callable:
