@@ -9,6 +9,7 @@ Use a step with ``pm.sample``::
         idata = pm.sample(step=pms.AusterityMH(error_tolerance=0.01, batch_size=500))
 """
 
+from pymc_subsample.reference import ReferencePoint, find_reference_point
 from pymc_subsample.step_methods import SGFS, AusterityMH, MinibatchBarkerMH, PolynomialStepSize
 from pymc_subsample.warnings import SubsampleWarning
 
@@ -19,6 +20,8 @@ __all__ = [
     "AusterityMH",
     "MinibatchBarkerMH",
     "PolynomialStepSize",
+    "ReferencePoint",
     "SubsampleWarning",
     "__version__",
+    "find_reference_point",
 ]

@@ -29,6 +29,13 @@ from pytensor.tensor.variable import TensorVariable
 from pymc_subsample.kernels.proposals import LangevinProposal, RandomWalkProposal
 from pymc_subsample.kernels.row_sampler import RowSampler
 from pymc_subsample.model.oracles import ModelOracles, build_oracles
+from pymc_subsample.reference import optimise_reference
+from pymc_subsample.step_methods.control import (
+    CONTROL_VARIATES,
+    ControlVariate,
+    reference_vector,
+)
+from pymc_subsample.step_methods.diagnostics import ChainDiagnostics
 from pymc_subsample.step_methods.progress import make_progressbar_updaters, progressbar_config
 from pymc_subsample.warnings import SubsampleWarning
 
@@ -74,6 +81,7 @@ class SubsampleStepBase(ArrayStepShared):
         compile_kwargs: dict[str, Any] | None,
         blocked: bool,
         with_gradients: bool = False,
+        proxy_order: int = 0,
     ) -> None:
         model = pm.modelcontext(model)
         vars = model.value_vars if vars is None else get_value_vars_from_user_vars(vars, model)
@@ -91,7 +99,12 @@ class SubsampleStepBase(ArrayStepShared):
             obs_dim=obs_dim,
             compile_kwargs=compile_kwargs,
             with_gradients=with_gradients,
+            proxy_order=proxy_order,
         )
+        self._initial_q = np.concatenate(
+            [np.ravel(initial_point[str(v.name)]) for v in vars]
+        ).astype("float64")
+        self._initial_point = initial_point
         _warn_row_length_deterministics(model, initial_point, self.oracles.n_rows)
         super().__init__(vars, self.oracles.shared, blocked=blocked, rng=rng)
 
@@ -104,6 +117,7 @@ class SubsampleStepBase(ArrayStepShared):
     def setup_chain(self, rng: RandomGenerator, tune: int, draws: int) -> None:
         """Use the chain's random generator (PyMC 6 hook)."""
         self.rng = get_random_generator(rng, copy=False)
+        self._chain_draws: int | None = draws
 
     def set_rng(self, rng: RandomGenerator) -> None:
         """Use the chain's random generator (PyMC 5 hook)."""
@@ -142,10 +156,23 @@ class SubsampleMetropolisBase(SubsampleStepBase):
         rng: RandomGenerator,
         compile_kwargs: dict[str, Any] | None,
         blocked: bool = True,
+        control_variate: str | None = None,
+        reference_point: Any = None,
+        recenter: str | None = None,
     ) -> None:
         self.temperature = _check_temperature(temperature)
         self.tune_interval = _check_int("tune_interval", tune_interval, minimum=1)
         self.langevin = _check_choice("proposal", proposal, PROPOSALS) == "langevin"
+        self.control_variate = _check_choice(
+            "control_variate", control_variate, tuple(CONTROL_VARIATES)
+        )
+        self.recenter = _check_choice("recenter", recenter, (None, "tune"))
+        if self.control_variate is None and (reference_point is not None or recenter):
+            raise ValueError(
+                "reference_point and recenter apply to control variates: pass "
+                "control_variate='taylor1' or 'taylor2' as well."
+            )
+        self._chain_draws = None
         super().__init__(
             vars,
             batch_size=batch_size,
@@ -155,14 +182,24 @@ class SubsampleMetropolisBase(SubsampleStepBase):
             compile_kwargs=compile_kwargs,
             blocked=blocked,
             with_gradients=self.langevin,
+            proxy_order=CONTROL_VARIATES[self.control_variate],
         )
         self.row_sampler = RowSampler(self.oracles.n_rows)  # 8 bytes per row, allocated once
         n_params = self.oracles.n_params
-        self.proposal: RandomWalkProposal | LangevinProposal
-        if self.langevin:
-            self.proposal = LangevinProposal(n_params, proposal_cov)
-        else:
-            self.proposal = RandomWalkProposal(n_params, proposal_cov)
+        self.control: ControlVariate | None = None
+        self.reference_rows = 0
+        self._laplace_proposal = False
+        if self.control_variate is not None:
+            self.control = self._make_control_variate(reference_point)
+            if proposal_cov is None:
+                proposal_cov = self.control.covariance
+                self._laplace_proposal = True
+        self._initial_control = _control_state(self.control)
+        self.proposal: RandomWalkProposal | LangevinProposal = self._make_proposal(proposal_cov)
+        self.diagnostics = ChainDiagnostics(self.batch_size, self.oracles.n_rows)
+        self._pending_rows = 0
+        self._tune_blocks: list[np.ndarray] = []
+        self._tune_steps = 0
         self._initial_scaling = _check_scaling(scaling, n_params, langevin=self.langevin)
         self.scaling = self._initial_scaling
         self.tune = True
@@ -177,6 +214,33 @@ class SubsampleMetropolisBase(SubsampleStepBase):
                 stacklevel=3,
             )
 
+    def _make_control_variate(self, reference_point: Any) -> ControlVariate:
+        if reference_point is None:
+            # The sequential-test optimiser, on this step's own oracles (no second compile).
+            optimum = optimise_reference(self.oracles, self._initial_q, rng=self.rng)
+            self.reference_rows = optimum.n_gradient_rows + optimum.n_loglik_rows
+            reference = optimum.q
+        else:
+            reference = reference_vector(reference_point, self.vars, self._initial_point)
+        control = ControlVariate(self.oracles, reference, self.temperature)
+        if control.n_clipped:
+            warnings.warn(
+                f"The log posterior's Hessian at the reference point has {control.n_clipped} "
+                "non-negative eigenvalue(s): the point is not near a mode, so the Laplace "
+                "proposal covariance was clipped and the Taylor proxies will be poor. Use "
+                "pms.find_reference_point or pass proposal_cov.",
+                SubsampleWarning,
+                stacklevel=4,
+            )
+        return control
+
+    def _make_proposal(
+        self, proposal_cov: ArrayLike | None
+    ) -> RandomWalkProposal | LangevinProposal:
+        if self.langevin:
+            return LangevinProposal(self.oracles.n_params, proposal_cov)
+        return RandomWalkProposal(self.oracles.n_params, proposal_cov)
+
     def astep(self, q0: RaveledVars) -> tuple[RaveledVars, list[dict[str, Any]]]:
         """Propose and accept with the subclass's subsampled test."""
         if self.tune and self.steps_until_tune == 0:
@@ -184,14 +248,52 @@ class SubsampleMetropolisBase(SubsampleStepBase):
         q_old = q0.data
         q_new, log_proposal_ratio = self._propose(q_old)
         log_prior_proposal_ratio = self.oracles.log_prior_ratio(q_new, q_old) + log_proposal_ratio
-        decision = self._decide(
-            partial(self.oracles.loglik_ratio_rows, q_new, q_old), log_prior_proposal_ratio
-        )
+        kurtosis: list[float] = []
+        log_ratio_rows: Callable[[np.ndarray], np.ndarray]
+        if self.control is None:
+            log_ratio_rows = partial(self.oracles.loglik_ratio_rows, q_new, q_old)
+        else:
+            # Difference estimator: the test sees the residuals l_i - r_i and its threshold
+            # moves by the proxies' exact sum R / T (kernels/control_variates.py).
+            log_ratio_rows = self.control.residual_rows(q_new, q_old, kurtosis)
+            log_prior_proposal_ratio += self.control.log_threshold_shift(q_new, q_old)
+        decision = self._decide(log_ratio_rows, log_prior_proposal_ratio)
         self.steps_until_tune -= 1
         self.accepted_since_tune += int(decision.accepted)
-        stats = {**decision._asdict(), **self._draw_stats()}
         q = q_new if decision.accepted else q_old
+        stats = {**decision._asdict(), **self._draw_stats()}
+        stats["n_data"] += self._pending_rows
+        self._pending_rows = 0
+        stats["residual_kurtosis"] = kurtosis[0] if kurtosis else float("nan")
+        stats["reference_distance"] = float("nan")
+        if self.control is not None:
+            distance_sq = self.control.distance_sq(q)
+            stats["reference_distance"] = float(np.sqrt(distance_sq))
+            if self.tune and self.recenter:
+                self._record_tuning_draw(q)
+            if not self.tune and distance_sq > self.control.limit:
+                self.diagnostics.warn_far(distance_sq, self.control.limit)
+        if not self.tune:
+            self.diagnostics.record(bool(stats["full_data"]), stats["residual_kurtosis"])
         return RaveledVars(q, q0.point_map_info), [stats]
+
+    def _record_tuning_draw(self, q: np.ndarray) -> None:
+        if self._tune_steps % self.tune_interval == 0:
+            self._tune_blocks.append(np.zeros(q.size + 1))
+        self._tune_blocks[-1][:-1] += q
+        self._tune_blocks[-1][-1] += 1
+        self._tune_steps += 1
+
+    def stop_tuning(self) -> None:
+        """End tuning; with ``recenter="tune"``, re-expand at the mean of the last half of it."""
+        super().stop_tuning()
+        if self.control is None or not self.recenter or not self._tune_blocks:
+            return
+        last_half = np.sum(self._tune_blocks[len(self._tune_blocks) // 2 :], axis=0)
+        self._pending_rows += self.control.recenter(last_half[:-1] / last_half[-1])
+        if self._laplace_proposal:
+            self.proposal = self._make_proposal(self.control.covariance)
+        self._tune_blocks = []
 
     def _propose(self, q_old: np.ndarray) -> tuple[np.ndarray, float]:
         if isinstance(self.proposal, RandomWalkProposal):
@@ -224,10 +326,19 @@ class SubsampleMetropolisBase(SubsampleStepBase):
         self.accepted_since_tune = 0
 
     def reset_tuning(self) -> None:
-        """Return the adaptive proposal scale and counters to their initial values."""
+        """Start a chain: initial proposal scale, counters, reference point and diagnostics."""
         self.scaling = self._initial_scaling
         self.steps_until_tune = self.tune_interval
         self.accepted_since_tune = 0
+        if self.control is not None and self._initial_control is not None:
+            if self.control.proxy is not self._initial_control[0]:
+                self.control.restore(self._initial_control)
+                if self._laplace_proposal:
+                    self.proposal = self._make_proposal(self.control.covariance)
+        self._tune_blocks = []
+        self._tune_steps = 0
+        self._pending_rows = 0
+        self.diagnostics.reset(self._chain_draws)
 
 
 def _check_int(name: str, value: Any, *, minimum: int) -> int:
@@ -236,7 +347,13 @@ def _check_int(name: str, value: Any, *, minimum: int) -> int:
     return int(value)
 
 
-def _check_choice(name: str, value: str, options: tuple[str, ...]) -> str:
+def _control_state(control: ControlVariate | None) -> tuple[Any, ...] | None:
+    if control is None:
+        return None
+    return control.state()
+
+
+def _check_choice(name: str, value: Any, options: tuple[Any, ...]) -> Any:
     if value not in options:
         raise ValueError(f"{name} must be one of {options}, got {value!r}.")
     return value

@@ -1,0 +1,134 @@
+"""Control variates of the Metropolis-Hastings steps: set-up pass, residual rows, re-centring.
+
+The kernel side is :mod:`pymc_subsample.kernels.control_variates`; this module owns the state a
+step needs: the reference point, the proxies' exact sums ``G`` and ``H`` (one chunked O(N) pass
+when the reference point is set), the Laplace covariance, and the chain's diagnostics.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from functools import partial
+from typing import Any
+
+import numpy as np
+from pytensor.tensor.variable import TensorVariable
+
+from pymc_subsample.kernels.control_variates import (
+    TaylorProxy,
+    excess_kurtosis,
+    laplace_covariance,
+    mahalanobis_limit,
+)
+from pymc_subsample.model.oracles import ModelOracles
+
+__all__ = ["CONTROL_VARIATES", "ControlVariate", "reference_vector"]
+
+#: Values of ``control_variate`` and the order of their Taylor proxies.
+CONTROL_VARIATES: dict[str | None, int] = {None: 0, "taylor1": 1, "taylor2": 2}
+
+
+class ControlVariate:
+    """Taylor proxies around a reference point, and what they cost and show.
+
+    Parameters
+    ----------
+    oracles : ModelOracles
+        Compiled with ``proxy_order`` 1 or 2.
+    reference : ndarray
+        The reference point ``q*`` (raveled, unconstrained).
+    temperature : float
+        Likelihood temperature of the step (for the Laplace covariance).
+    """
+
+    def __init__(self, oracles: ModelOracles, reference: np.ndarray, temperature: float) -> None:
+        self.oracles = oracles
+        self.temperature = temperature
+        self.limit = mahalanobis_limit(oracles.n_params)
+        self.recenter(reference)
+
+    def recenter(self, reference: np.ndarray) -> int:
+        """Expand around ``reference``: one chunked pass over all rows. Returns the rows read."""
+        oracles = self.oracles
+        oracles.freeze_shared()
+        gradient_sum, hessian_sum = oracles.gradient_hessian_sums(reference)
+        self.proxy = TaylorProxy(
+            np.array(reference, dtype="float64"), gradient_sum, hessian_sum, oracles.proxy_order
+        )
+        self.covariance, self.precision, self.n_clipped = laplace_covariance(
+            hessian_sum, oracles.log_prior_hessian(reference), self.temperature
+        )
+        return oracles.n_rows
+
+    def state(self) -> tuple[Any, ...]:
+        """Return what :meth:`recenter` changes, for :meth:`restore` at the start of a chain."""
+        return (self.proxy, self.covariance, self.precision, self.n_clipped, self.frozen_values())
+
+    def restore(self, state: tuple[Any, ...]) -> None:
+        """Return to a state saved by :meth:`state`."""
+        self.proxy, self.covariance, self.precision, self.n_clipped, frozen = state
+        self.oracles.set_frozen(frozen)
+
+    def frozen_values(self) -> list[np.ndarray]:
+        """Values of the other model variables the proxies were expanded with."""
+        return self.oracles.frozen_values()
+
+    def log_threshold_shift(self, q_new: np.ndarray, q_old: np.ndarray) -> float:
+        """``R / T``: the proxies' exact contribution to the tempered log acceptance ratio."""
+        return self.proxy.difference(q_new, q_old) / self.temperature
+
+    def residual_rows(
+        self, q_new: np.ndarray, q_old: np.ndarray, kurtosis: list[float]
+    ) -> Callable[[np.ndarray], np.ndarray]:
+        """Return the test's row oracle: residuals ``l_i - r_i``; records the first kurtosis."""
+        evaluate = partial(self.oracles.residual_ratio_rows, q_new, q_old, self.proxy.reference)
+
+        def rows(idx: np.ndarray) -> np.ndarray:
+            values = evaluate(idx)
+            if not kurtosis:
+                kurtosis.append(excess_kurtosis(values))
+            return values
+
+        return rows
+
+    def distance_sq(self, q: np.ndarray) -> float:
+        """``(q - q*)^T P (q - q*)``: about chi-square(d) under the Laplace approximation."""
+        offset = q - self.proxy.reference
+        return float(offset @ self.precision @ offset)
+
+    def is_far(self, q: np.ndarray) -> bool:
+        """Whether ``q`` lies beyond the 1 - 1e-6 quantile of that chi-square."""
+        return self.distance_sq(q) > self.limit
+
+
+def reference_vector(
+    reference_point: Any, vars: list[TensorVariable], initial_point: Mapping[str, Any]
+) -> np.ndarray:
+    """Ravel ``reference_point`` (a dict or a ``ReferencePoint``) in the order of ``vars``."""
+    point = getattr(reference_point, "point", reference_point)
+    if not isinstance(point, Mapping):
+        raise TypeError(
+            "reference_point must be a dict of unconstrained values keyed by value-variable "
+            "names (the .point of pms.find_reference_point, or the output of pm.find_MAP), "
+            f"got {type(reference_point).__name__}."
+        )
+    pieces = []
+    for var in vars:
+        name = str(var.name)
+        if name not in point:
+            raise ValueError(
+                f"reference_point has no value for {name!r}. Pass the .point of "
+                "pms.find_reference_point(...) or pm.find_MAP(), which are keyed by value-variable "
+                "names (transformed variables end in '__', e.g. 'sigma_log__')."
+            )
+        value = np.asarray(point[name], dtype="float64")
+        expected = np.shape(initial_point[name])
+        if value.shape != expected:
+            raise ValueError(
+                f"reference_point[{name!r}] has shape {value.shape}, expected {expected}."
+            )
+        pieces.append(value.ravel())
+    vector = np.concatenate(pieces)
+    if not np.all(np.isfinite(vector)):
+        raise ValueError("reference_point has non-finite values.")
+    return vector
