@@ -41,7 +41,25 @@ _MAX_HALVINGS = 40
 
 
 @dataclass(frozen=True)
-class ReferencePoint:
+class Optimum:
+    """Where :func:`optimise_reference` stopped, and the rows it read (see ReferencePoint)."""
+
+    q: np.ndarray
+    converged: bool
+    n_iterations: int
+    n_gradient_rows: int
+    n_loglik_rows: int
+    newton_decrement_sq: float
+    batch_sizes: list[int]
+
+    @property
+    def n_row_evaluations(self) -> int:
+        """Rows touched in all: gradient rows plus log-likelihood rows."""
+        return self.n_gradient_rows + self.n_loglik_rows
+
+
+@dataclass(frozen=True)
+class ReferencePoint(Optimum):
     """Result of :func:`find_reference_point`.
 
     Attributes
@@ -69,20 +87,8 @@ class ReferencePoint:
         Rows the sequential test used at each iteration.
     """
 
-    point: dict[str, np.ndarray]
-    initvals: dict[str, np.ndarray]
-    q: np.ndarray
-    converged: bool
-    n_iterations: int
-    n_gradient_rows: int
-    n_loglik_rows: int
-    newton_decrement_sq: float
-    batch_sizes: list[int] = field(default_factory=list)
-
-    @property
-    def n_row_evaluations(self) -> int:
-        """Rows touched in all: gradient rows plus log-likelihood rows."""
-        return self.n_gradient_rows + self.n_loglik_rows
+    point: dict[str, np.ndarray] = field(default_factory=dict)
+    initvals: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 def find_reference_point(
@@ -179,18 +185,7 @@ def find_reference_point(
         max_iter=max_iter,
     )
     point, initvals = _points(model, value_vars, initial_point, result.q)
-    return ReferencePoint(point=point, initvals=initvals, **result.__dict__)
-
-
-@dataclass(frozen=True)
-class _Optimum:
-    q: np.ndarray
-    converged: bool
-    n_iterations: int
-    n_gradient_rows: int
-    n_loglik_rows: int
-    newton_decrement_sq: float
-    batch_sizes: list[int]
+    return ReferencePoint(**result.__dict__, point=point, initvals=initvals)
 
 
 def optimise_reference(
@@ -203,7 +198,7 @@ def optimise_reference(
     batch_size: int | None = None,
     tol: float = 1e-4,
     max_iter: int = 100,
-) -> _Optimum:
+) -> Optimum:
     """Run the iterations of :func:`find_reference_point` on compiled oracles."""
     if method not in ("newton", "fisher"):
         raise ValueError(f"method must be 'newton' or 'fisher', got {method!r}.")
@@ -249,7 +244,7 @@ def optimise_reference(
             SubsampleWarning,
             stacklevel=3,
         )
-    return _Optimum(
+    return Optimum(
         q=q,
         converged=converged,
         n_iterations=len(batch_sizes),

@@ -160,8 +160,9 @@ def _grid_posterior(X: np.ndarray, y: np.ndarray, prior_sd: float):
     ],
 )
 def test_exact_start_uniformity(step_class, kwargs):
-    # 800 chains start at exact posterior draws (inverse CDF on a 60,001-point grid, spacing 1e-4, of the 1-D
-    # logistic posterior, N = 1500, temperature 1) and take 8 steps of 1.5 posterior sds. The
+    # 800 chains start at exact posterior draws (inverse CDF on a 60,001-point grid, spacing
+    # 1e-4, of the 1-D logistic posterior, N = 1500, temperature 1) and take 8 steps of 1.5
+    # posterior sds. The
     # end states are exact draws for an exact kernel (Gandy and Scott 2020), so their CDF values
     # are uniform: KS at level 1e-3 (false-failure rate 1e-3). The Barker test's error is the
     # correction's 7e-8; the Austerity test's is bounded by its 0.001 tolerance, below what 800
@@ -359,3 +360,19 @@ def test_recenter_at_end_of_tuning_counts_its_pass():
     assert np.all(np.abs(initial - mean) / sd > 2.9)
     step.reset_tuning()
     np.testing.assert_array_equal(step.control.proxy.reference, initial)
+
+
+def test_step_finds_its_own_reference_point():
+    # reference_point=None runs the optimiser on the step's own oracles: the expansion point is
+    # the posterior mode of a Gaussian mean (closed form) and the rows it read are recorded.
+    rng = np.random.default_rng(18)
+    x = rng.normal(-1.0, 1.0, size=20_000)
+    with pm.Model():
+        mu = pm.Normal("mu", 0.0, 10.0)
+        pm.Normal("x", mu, 1.0, observed=x)
+        step = pms.MinibatchBarkerMH(control_variate="taylor1", rng=3)
+    exact = x.sum() / (x.size + 1 / 100)
+    assert abs(float(step.control.proxy.reference[0]) - exact) < 1e-6
+    assert step.reference_rows >= x.size
+    # The Laplace covariance is the exact posterior variance of this conjugate model.
+    assert step.control.covariance[0, 0] == pytest.approx(1 / (x.size + 1 / 100))

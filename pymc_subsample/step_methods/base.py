@@ -218,7 +218,7 @@ class SubsampleMetropolisBase(SubsampleStepBase):
         if reference_point is None:
             # The sequential-test optimiser, on this step's own oracles (no second compile).
             optimum = optimise_reference(self.oracles, self._initial_q, rng=self.rng)
-            self.reference_rows = optimum.n_gradient_rows + optimum.n_loglik_rows
+            self.reference_rows = optimum.n_row_evaluations
             reference = optimum.q
         else:
             reference = reference_vector(reference_point, self.vars, self._initial_point)
