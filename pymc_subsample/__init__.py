@@ -9,6 +9,7 @@ Use a step with ``pm.sample``::
         idata = pm.sample(step=pms.AusterityMH(error_tolerance=0.01, batch_size=500))
 """
 
+from pymc_subsample.plots import plot_data_usage
 from pymc_subsample.reference import ReferencePoint, find_reference_point
 from pymc_subsample.step_methods import SGFS, AusterityMH, MinibatchBarkerMH, PolynomialStepSize
 from pymc_subsample.warnings import SubsampleWarning
@@ -24,4 +25,5 @@ __all__ = [
     "SubsampleWarning",
     "__version__",
     "find_reference_point",
+    "plot_data_usage",
 ]
