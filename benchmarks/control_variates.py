@@ -14,8 +14,9 @@ Part 2, accuracy: at the issue's target (logistic, N = 1e6, d = 10) and on AER F
 run beside them: means in NUTS posterior sds, sd ratios, and min ESS per second (wall time of
 ``pm.sample`` including tuning, and the set-up: compilation, optimiser and the proxies' pass).
 
-Run ``python benchmarks/control_variates.py`` (about 15 minutes on 2 cores); ``--quick`` skips
-N = 1e6 and d = 50. Writes ``results/control_variates.json``.
+Run ``python benchmarks/control_variates.py`` (about 40 minutes on 2 cores, 22 of them
+full-data NUTS at N = 1e6); ``--quick`` skips N = 1e6 and d = 50. Writes
+``results/control_variates.json``.
 """
 
 from __future__ import annotations

@@ -115,8 +115,8 @@ class AusterityMH(SubsampleMetropolisBase):
     1.02x. The default 0.001 keeps the bias within a few percent; 0 gives exact MH, which on
     that problem also had the most effective samples per second.
 
-    Stats
-    -----
+    **Stats** recorded for every draw (in ``sample_stats``):
+
     accepted : bool
         Whether the proposal was accepted.
     n_data : int64

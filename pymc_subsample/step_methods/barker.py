@@ -93,8 +93,8 @@ class MinibatchBarkerMH(SubsampleMetropolisBase):
     variance of the ``l_i``, is of order ``1 / N``: ``s^2 < 1`` then needs ``b`` of order N, and
     the test uses most rows or all of them (exact, but not cheaper than plain MH).
 
-    Stats
-    -----
+    **Stats** recorded for every draw (in ``sample_stats``):
+
     accepted : bool
         Whether the proposal was accepted.
     n_data : int64

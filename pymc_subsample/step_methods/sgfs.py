@@ -105,8 +105,8 @@ class SGFS(SubsampleStepBase):
     ``initvals`` from ``pm.find_MAP``); the Fisher average is taken during tuning, so tune from
     there.
 
-    Stats
-    -----
+    **Stats** recorded for every draw (in ``sample_stats``):
+
     n_data : int64
         Rows used (``batch_size``).
     step_size : float64
