@@ -29,7 +29,7 @@ from typing import Any
 import arviz as az
 import numpy as np
 import pymc as pm
-from common import logistic_data, logistic_model, write_json
+from common import logistic_data, logistic_model, timed_sample, write_json
 
 import pymc_subsample as pms
 
@@ -102,20 +102,15 @@ def rows_per_step(model: pm.Model, ref: pms.ReferencePoint, test: str, cv: str |
             reference_point=ref if cv else None,
             proposal_cov=None if cv else _laplace(model, ref),
         )
-        start = time.perf_counter()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            idata = pm.sample(
+            idata, seconds = timed_sample(
                 draws=100 if cv is None else 1000,
                 tune=100 if cv is None else 300,
                 chains=1,
                 step=step,
                 initvals=ref.initvals,
-                progressbar=False,
-                compute_convergence_checks=False,
-                random_seed=1,
             )
-        seconds = time.perf_counter() - start
     stats = idata.sample_stats
     return {
         "mean_rows_per_step": float(stats["n_data"].mean()),
@@ -135,18 +130,9 @@ def accuracy(model: pm.Model, ref: pms.ReferencePoint, draws: int) -> dict[str, 
     """NUTS on full data against both tests with taylor2; errors in NUTS sds."""
     out: dict[str, Any] = {}
     with model:
-        start = time.perf_counter()
-        nuts = pm.sample(
-            draws=1000,
-            tune=500,
-            chains=2,
-            cores=2,
-            progressbar=False,
-            compute_convergence_checks=False,
-            random_seed=1,
-            initvals=ref.initvals,
+        nuts, nuts_seconds = timed_sample(
+            draws=1000, tune=500, chains=2, cores=2, initvals=ref.initvals
         )
-        nuts_seconds = time.perf_counter() - start
     reference = nuts.posterior["beta"].values.reshape(-1, ref.q.size)
     mean, sd = reference.mean(0), reference.std(0)
     out["nuts"] = {
@@ -158,18 +144,11 @@ def accuracy(model: pm.Model, ref: pms.ReferencePoint, draws: int) -> dict[str, 
         with model:
             start = time.perf_counter()
             step = cls(batch_size=100, control_variate="taylor2", reference_point=ref)
-            idata = pm.sample(
-                draws=draws,
-                tune=1000,
-                chains=2,
-                cores=2,
-                step=step,
-                progressbar=False,
-                compute_convergence_checks=False,
-                random_seed=1,
-                initvals=ref.initvals,
+            setup_seconds = time.perf_counter() - start
+            idata, sample_seconds = timed_sample(
+                draws=draws, tune=1000, chains=2, cores=2, step=step, initvals=ref.initvals
             )
-            seconds = time.perf_counter() - start
+            seconds = setup_seconds + sample_seconds
         samples = idata.posterior["beta"].values.reshape(-1, ref.q.size)
         ess = float(az.ess(idata)["beta"].min())
         out[test] = {

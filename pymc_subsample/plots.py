@@ -58,7 +58,7 @@ def plot_data_usage(
     """
     import matplotlib.pyplot as plt
 
-    stats = idata["sample_stats"] if _has_key(idata, "sample_stats") else None
+    stats = idata["sample_stats"] if "sample_stats" in idata else None
     if stats is None or "n_data" not in stats:
         raise ValueError(
             "idata.sample_stats has no 'n_data': plot_data_usage needs the result of pm.sample "
@@ -94,10 +94,3 @@ def plot_data_usage(
         f"mean {mean:,.0f}{share}; full data in {full.mean():.1%} of draws", fontsize="small"
     )
     return np.asarray(axes)
-
-
-def _has_key(idata: Any, key: str) -> bool:
-    try:
-        return key in idata
-    except TypeError:
-        return hasattr(idata, key)

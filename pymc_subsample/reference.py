@@ -28,7 +28,7 @@ from pymc.util import RandomGenerator, get_random_generator, get_value_vars_from
 from pytensor.tensor.variable import TensorVariable
 from scipy.special import ndtri
 
-from pymc_subsample.kernels.optimizer import direction_test, positive_definite
+from pymc_subsample.kernels.optimizer import DirectionTest, direction_test, positive_definite
 from pymc_subsample.kernels.row_sampler import RowSampler
 from pymc_subsample.model.oracles import ModelOracles, build_oracles
 from pymc_subsample.warnings import SubsampleWarning
@@ -264,7 +264,7 @@ def _tested_update(
     z: float,
     method: str,
     counts: dict[str, int],
-) -> tuple[np.ndarray, Any]:
+) -> tuple[np.ndarray, DirectionTest]:
     """Grow a minibatch (doubling) until the update passes the direction test; all rows at most."""
     n_rows, d = oracles.n_rows, oracles.n_params
     sampler.start_test()

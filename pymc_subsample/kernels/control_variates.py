@@ -24,8 +24,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.linalg import eigh
 from scipy.stats import chi2
+
+from pymc_subsample.kernels.optimizer import clipped_spectrum
 
 __all__ = [
     "TaylorProxy",
@@ -79,8 +80,9 @@ def laplace_covariance(
 
     The precision is ``P = -(H / T + H_prior)``, the negative Hessian of the (tempered) log
     posterior. Where the reference point is not at a mode, some eigenvalues of ``P`` may be
-    zero or negative; they are raised to ``1e-6`` times the largest (at least 1e-12) so that the
-    covariance stays positive definite, and counted.
+    zero or negative; they are raised to ``1e-6`` times the largest in absolute value (at least
+    1e-12) so that the covariance stays positive definite, and counted
+    (:func:`~pymc_subsample.kernels.optimizer.clipped_spectrum`).
 
     Returns
     -------
@@ -98,17 +100,17 @@ def laplace_covariance(
     (0.25, 0)
     """
     precision = -(np.asarray(hessian_sum) / temperature + np.asarray(prior_hessian))
-    precision = 0.5 * (precision + precision.T)
-    values, vectors = eigh(precision)
-    floor = max(1e-6 * float(values.max(initial=0.0)), 1e-12)
-    n_clipped = int(np.count_nonzero(values < floor))
-    values = np.maximum(values, floor)
+    values, vectors, n_clipped = clipped_spectrum(precision, relative_floor=1e-6)
     covariance = (vectors / values) @ vectors.T
     return covariance, (vectors * values) @ vectors.T, n_clipped
 
 
 def excess_kurtosis(values: np.ndarray) -> float:
     """Sample excess kurtosis ``m4 / m2^2 - 3`` (0 for a Gaussian; NaN if constant or < 4 values).
+
+    Not ``scipy.stats.kurtosis``: this runs at every step, where scipy's call costs about as
+    much as the step's residuals, and exactly constant residuals (second-order proxies of a
+    Gaussian likelihood) are normal here, where scipy warns about precision loss.
 
     Examples
     --------

@@ -34,7 +34,7 @@ import numpy as np
 from scipy.linalg import cho_factor, cho_solve, eigh
 from scipy.special import ndtr
 
-__all__ = ["DirectionTest", "direction_test", "positive_definite"]
+__all__ = ["DirectionTest", "clipped_spectrum", "direction_test", "positive_definite"]
 
 
 class DirectionTest(NamedTuple):
@@ -56,6 +56,32 @@ class DirectionTest(NamedTuple):
         return self.mu > z * self.sigma and self.noise_sq <= self.mu**2
 
 
+def clipped_spectrum(
+    matrix: np.ndarray, relative_floor: float
+) -> tuple[np.ndarray, np.ndarray, int]:
+    """Eigen-decompose the symmetric part and raise eigenvalues below the floor to it.
+
+    The floor is ``relative_floor`` times the largest absolute eigenvalue (at least 1e-12).
+
+    Returns
+    -------
+    values, vectors : ndarray
+        Clipped eigenvalues and the eigenvectors (columns).
+    n_clipped : int
+        How many eigenvalues were raised.
+
+    Examples
+    --------
+    >>> values, _, n = clipped_spectrum(np.diag([2.0, -1.0]), relative_floor=0.5)
+    >>> values.tolist(), n
+    ([1.0, 2.0], 1)
+    """
+    values, vectors = eigh(0.5 * (matrix + matrix.T))
+    floor = max(relative_floor * float(np.abs(values).max(initial=0.0)), 1e-12)
+    n_clipped = int(np.count_nonzero(values < floor))
+    return np.maximum(values, floor), vectors, n_clipped
+
+
 def positive_definite(matrix: np.ndarray, relative_floor: float = 1e-8) -> np.ndarray:
     """Symmetrise and raise eigenvalues below ``relative_floor * max`` to that floor.
 
@@ -67,12 +93,10 @@ def positive_definite(matrix: np.ndarray, relative_floor: float = 1e-8) -> np.nd
     >>> positive_definite(np.diag([2.0, -1.0]), relative_floor=0.5).diagonal().tolist()
     [2.0, 1.0]
     """
-    symmetric = 0.5 * (matrix + matrix.T)
-    values, vectors = eigh(symmetric)
-    floor = max(relative_floor * float(np.abs(values).max(initial=0.0)), 1e-12)
-    if values.min() >= floor:
-        return symmetric
-    return (vectors * np.maximum(values, floor)) @ vectors.T
+    values, vectors, n_clipped = clipped_spectrum(matrix, relative_floor)
+    if n_clipped == 0:
+        return 0.5 * (matrix + matrix.T)
+    return (vectors * values) @ vectors.T
 
 
 def direction_test(

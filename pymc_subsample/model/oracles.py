@@ -110,15 +110,6 @@ class ModelOracles:
         factor = self.n_rows / (rows.size * temperature)
         return self.log_prior_grad(q) + factor * self.score_rows(q, rows).sum(0)
 
-    def loglik_sum(self, q: np.ndarray, chunk_size: int = 65536) -> float:
-        """``sum_i loglik_i(q)`` over all N rows, in chunks: O(N) time, O(chunk_size) memory."""
-        return float(
-            sum(
-                self.loglik_rows(q, np.arange(start, min(start + chunk_size, self.n_rows))).sum()
-                for start in range(0, self.n_rows, chunk_size)
-            )
-        )
-
     def residual_ratio_rows(
         self, q_new: np.ndarray, q_old: np.ndarray, q_ref: np.ndarray, idx: np.ndarray
     ) -> np.ndarray:

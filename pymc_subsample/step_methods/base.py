@@ -105,6 +105,8 @@ class SubsampleStepBase(ArrayStepShared):
             [np.ravel(initial_point[str(v.name)]) for v in vars]
         ).astype("float64")
         self._initial_point = initial_point
+        #: Draws after tuning of the current chain, when PyMC says (PyMC 6's setup_chain).
+        self._chain_draws: int | None = None
         _warn_row_length_deterministics(model, initial_point, self.oracles.n_rows)
         super().__init__(vars, self.oracles.shared, blocked=blocked, rng=rng)
 
@@ -117,7 +119,7 @@ class SubsampleStepBase(ArrayStepShared):
     def setup_chain(self, rng: RandomGenerator, tune: int, draws: int) -> None:
         """Use the chain's random generator (PyMC 6 hook)."""
         self.rng = get_random_generator(rng, copy=False)
-        self._chain_draws: int | None = draws
+        self._chain_draws = draws
 
     def set_rng(self, rng: RandomGenerator) -> None:
         """Use the chain's random generator (PyMC 5 hook)."""
@@ -172,7 +174,6 @@ class SubsampleMetropolisBase(SubsampleStepBase):
                 "reference_point and recenter apply to control variates: pass "
                 "control_variate='taylor1' or 'taylor2' as well."
             )
-        self._chain_draws = None
         super().__init__(
             vars,
             batch_size=batch_size,
@@ -194,7 +195,6 @@ class SubsampleMetropolisBase(SubsampleStepBase):
             if proposal_cov is None:
                 proposal_cov = self.control.covariance
                 self._laplace_proposal = True
-        self._initial_control = _control_state(self.control)
         self.proposal: RandomWalkProposal | LangevinProposal = self._make_proposal(proposal_cov)
         self.diagnostics = ChainDiagnostics(self.batch_size, self.oracles.n_rows)
         self._pending_rows = 0
@@ -330,11 +330,8 @@ class SubsampleMetropolisBase(SubsampleStepBase):
         self.scaling = self._initial_scaling
         self.steps_until_tune = self.tune_interval
         self.accepted_since_tune = 0
-        if self.control is not None and self._initial_control is not None:
-            if self.control.proxy is not self._initial_control[0]:
-                self.control.restore(self._initial_control)
-                if self._laplace_proposal:
-                    self.proposal = self._make_proposal(self.control.covariance)
+        if self.control is not None and self.control.reset() and self._laplace_proposal:
+            self.proposal = self._make_proposal(self.control.covariance)
         self._tune_blocks = []
         self._tune_steps = 0
         self._pending_rows = 0
@@ -345,12 +342,6 @@ def _check_int(name: str, value: Any, *, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < minimum:
         raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}.")
     return int(value)
-
-
-def _control_state(control: ControlVariate | None) -> tuple[Any, ...] | None:
-    if control is None:
-        return None
-    return control.state()
 
 
 def _check_choice(name: str, value: Any, options: tuple[Any, ...]) -> Any:

@@ -46,6 +46,7 @@ class ControlVariate:
         self.temperature = temperature
         self.limit = mahalanobis_limit(oracles.n_params)
         self.recenter(reference)
+        self._initial = self._state()
 
     def recenter(self, reference: np.ndarray) -> int:
         """Expand around ``reference``: one chunked pass over all rows. Returns the rows read."""
@@ -60,18 +61,17 @@ class ControlVariate:
         )
         return oracles.n_rows
 
-    def state(self) -> tuple[Any, ...]:
-        """Return what :meth:`recenter` changes, for :meth:`restore` at the start of a chain."""
-        return (self.proxy, self.covariance, self.precision, self.n_clipped, self.frozen_values())
-
-    def restore(self, state: tuple[Any, ...]) -> None:
-        """Return to a state saved by :meth:`state`."""
-        self.proxy, self.covariance, self.precision, self.n_clipped, frozen = state
+    def reset(self) -> bool:
+        """Return to the expansion made at construction; whether anything changed."""
+        if self.proxy is self._initial[0]:
+            return False
+        self.proxy, self.covariance, self.precision, self.n_clipped, frozen = self._initial
         self.oracles.set_frozen(frozen)
+        return True
 
-    def frozen_values(self) -> list[np.ndarray]:
-        """Values of the other model variables the proxies were expanded with."""
-        return self.oracles.frozen_values()
+    def _state(self) -> tuple[Any, ...]:
+        frozen = self.oracles.frozen_values()
+        return (self.proxy, self.covariance, self.precision, self.n_clipped, frozen)
 
     def log_threshold_shift(self, q_new: np.ndarray, q_old: np.ndarray) -> float:
         """``R / T``: the proxies' exact contribution to the tempered log acceptance ratio."""
