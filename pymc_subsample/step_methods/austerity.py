@@ -202,6 +202,8 @@ class AusterityMH(SubsampleMetropolisBase):
             recenter=recenter,
         )
         self.exact = self.error_tolerance == 0.0 or self.batch_size >= self.n_rows
+        # An exact test reads every row by design: no warning that subsampling gained little.
+        self.diagnostics.warn_fallback = not self.exact
 
     def _decide(
         self, log_ratio_rows: Callable[[np.ndarray], np.ndarray], log_prior_proposal_ratio: float

@@ -33,6 +33,8 @@ class ChainDiagnostics:
     def __init__(self, batch_size: int, n_rows: int) -> None:
         self.batch_size = batch_size
         self.n_rows = n_rows
+        #: False where full-data decisions are what the user asked for (an exact test).
+        self.warn_fallback = True
         self.reset(None)
 
     def reset(self, draws: int | None) -> None:
@@ -72,7 +74,7 @@ class ChainDiagnostics:
         if self.n_draws == 0:
             return
         share = self.n_full / self.n_draws
-        if share > FALLBACK_LIMIT:
+        if self.warn_fallback and share > FALLBACK_LIMIT:
             self._warn(
                 "fallback",
                 f"{share:.0%} of {self.n_draws} draws after tuning used all N={self.n_rows} "
