@@ -23,7 +23,9 @@ def plot_data_usage(
     ----------
     idata : arviz.InferenceData or xarray.DataTree
         What ``pm.sample`` returned with a ``pymc_subsample`` step: its ``sample_stats`` must
-        have ``n_data``. Draws whose test used all rows (stat ``full_data``) are marked.
+        have ``n_data``. Draws whose test used all rows (stat ``full_data``) are marked. In a
+        compound step with several ``pymc_subsample`` steps, each draw's rows are the sum over
+        the steps, and a draw is marked when any of them used all rows.
     n_rows : int, optional
         Number of rows N: drawn as a reference line and used for the share in the title.
     axes : sequence of two matplotlib Axes, optional
@@ -64,9 +66,9 @@ def plot_data_usage(
             "idata.sample_stats has no 'n_data': plot_data_usage needs the result of pm.sample "
             "with a pymc_subsample step (AusterityMH, MinibatchBarkerMH or SGFS)."
         )
-    n_data = np.asarray(stats["n_data"].values, dtype=float).reshape(-1, stats["n_data"].shape[-1])
+    n_data = _per_draw(stats["n_data"].values).sum(axis=-1)
     full = (
-        np.asarray(stats["full_data"].values, dtype=bool).reshape(n_data.shape)
+        _per_draw(stats["full_data"].values).astype(bool).any(axis=-1)
         if "full_data" in stats
         else np.zeros(n_data.shape, dtype=bool)
     )
@@ -94,3 +96,11 @@ def plot_data_usage(
         f"mean {mean:,.0f}{share}; full data in {full.mean():.1%} of draws", fontsize="small"
     )
     return np.asarray(axes)
+
+
+def _per_draw(values: Any) -> np.ndarray:
+    """Stat values as (chain, draw, step): a compound step's stats carry a last step axis."""
+    array = np.asarray(values)
+    if array.ndim <= 2:
+        return array.reshape(-1, array.shape[-1], 1)
+    return array.reshape(array.shape[0], array.shape[1], -1)

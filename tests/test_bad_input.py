@@ -111,3 +111,21 @@ def test_not_assigned_automatically(small_regression):
 
     model = small_regression[0]
     assert pms.AusterityMH.competence(model["beta"], True) == Competence.INCOMPATIBLE
+
+
+@pytest.mark.parametrize(
+    "make_step",
+    [
+        lambda var: pms.SGFS([var], batch_size=50),
+        lambda var: pms.AusterityMH([var], proposal="langevin"),
+        lambda var: pms.MinibatchBarkerMH([var], control_variate="taylor1"),
+    ],
+)
+def test_gradients_for_prior_only_variables_are_refused_clearly(make_step):
+    x = np.random.default_rng(0).normal(size=300)
+    with pm.Model():
+        scale = pm.HalfNormal("scale", 1.0)
+        offset = pm.Normal("offset", 0.0, scale)
+        pm.Normal("y", offset * x, 1.0, observed=x)
+        with pytest.raises(ValueError, match="No row of the likelihood depends on scale"):
+            make_step(scale)

@@ -37,6 +37,26 @@ def test_plot_data_usage_marks_fallbacks(small_regression):
     plt.close("all")
 
 
+def test_plot_data_usage_adds_the_rows_of_a_compound_step():
+    # Two subsampled steps per draw (a step over hyperparameters that only the prior sees
+    # reads one batch); the plotted rows per draw are their sum, one line per chain.
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=300)
+    with pm.Model():
+        scale = pm.HalfNormal("scale", 1.0)
+        slope = pm.Normal("slope", 0.0, scale)
+        pm.Normal("y", slope * x, 1.0, observed=0.5 * x + rng.normal(size=300))
+        steps = [pms.AusterityMH([slope], batch_size=50), pms.AusterityMH([scale], batch_size=50)]
+        idata = pm.sample(draws=40, tune=10, chains=2, cores=1, step=steps, random_seed=1, **SAMPLE)
+    n_data = idata.sample_stats["n_data"].values
+    assert n_data.shape == (2, 40, 2)
+    np.testing.assert_array_equal(n_data[..., 1], 50)  # the prior-only step: one batch
+    trace_ax, hist_ax = pms.plot_data_usage(idata)
+    np.testing.assert_array_equal(trace_ax.get_lines()[1].get_ydata(), n_data[1].sum(-1))
+    assert sum(patch.get_height() for patch in hist_ax.patches) == 80
+    plt.close("all")
+
+
 def test_plot_data_usage_without_full_data_stat_and_on_given_axes():
     dims = ("chain", "draw")
     stats = xr.Dataset({"n_data": (dims, np.full((1, 5), 500))})

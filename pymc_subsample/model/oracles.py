@@ -22,6 +22,7 @@ from pytensor.compile.sharedvalue import SharedVariable
 from pytensor.gradient import jacobian
 from pytensor.graph.basic import Variable
 from pytensor.graph.replace import clone_replace
+from pytensor.graph.traversal import ancestors
 from pytensor.tensor.variable import TensorConstant, TensorVariable
 
 from pymc_subsample.model.gradients import (
@@ -229,7 +230,8 @@ def build_oracles(
     ------
     ValueError
         If the per-row values on a few rows differ from the full model's (a reduction over rows
-        inside the model), or the initial point has a non-finite log-density.
+        inside the model), or the initial point has a non-finite log-density, or gradients are
+        asked for variables that no row depends on.
 
     """
     check_continuous(model, vars)
@@ -250,6 +252,15 @@ def build_oracles(
     if proxy_order not in (0, 1, 2):
         raise ValueError(f"proxy_order must be 0, 1 or 2, got {proxy_order!r}.")
     with_gradients = with_gradients or proxy_order > 0
+    if with_gradients and q not in set(ancestors([rows_q])):
+        names = ", ".join(str(v.name) for v in vars)
+        raise ValueError(
+            f"No row of the likelihood depends on {names} (only the prior sees them), so there "
+            "are no per-row gradients for SGFS, proposal='langevin' or control_variate. Sample "
+            "them with pms.AusterityMH or pms.MinibatchBarkerMH, random-walk proposal and no "
+            "control variate, in a compound step: pm.sample(step=[..., that_step]). Such a "
+            "step reads one batch per draw."
+        )
     if proxy_order:
         gradients.update(
             _proxy_functions(rows_q, prior_q, q, q_old, row_inputs, shared, proxy_order, kwargs)
@@ -314,7 +325,9 @@ def _proxy_functions(
 
 
 def _compile(inputs: list[Variable], outputs: Any, kwargs: dict[str, Any]) -> Callable:
-    function = compile_pytensor(inputs, outputs, **kwargs)
+    # Unused inputs are expected: a step over hyperparameters that only the prior sees has row
+    # terms that do not depend on its point (their differences are then exactly 0).
+    function = compile_pytensor(inputs, outputs, **{"on_unused_input": "ignore", **kwargs})
     function.trust_input = True
     return function
 
