@@ -333,17 +333,18 @@ def test_chain_diagnostics_warn_once_per_problem():
 
 
 def test_exact_austerity_test_does_not_warn_about_full_data():
-    # Tolerance 0 reads every row by request; a sequential test that always falls back still
+    # Tolerance 0 reads every row by request; a sequential test that often falls back still
     # warns (a mutant that dropped the switch, or set it for every test, fails one of the two).
+    # 1,000 draws: on PyMC 5 the share is checked every 1,000 draws (CHECK_EVERY).
     X, y = linear_regression_data(2_000)
     with linear_regression_model(X, y):
         exact = pms.AusterityMH(error_tolerance=0.0, batch_size=1000, scaling=0.1)
         with warnings.catch_warnings():
             warnings.simplefilter("error", pms.SubsampleWarning)
-            pm.sample(draws=200, tune=0, chains=1, step=exact, random_seed=1, **SAMPLE)
+            pm.sample(draws=1000, tune=0, chains=1, step=exact, random_seed=1, **SAMPLE)
         sequential = pms.AusterityMH(error_tolerance=0.001, batch_size=1000, scaling=0.1)
         with pytest.warns(pms.SubsampleWarning, match="used all N=2000 rows"):
-            pm.sample(draws=200, tune=0, chains=1, step=sequential, random_seed=1, **SAMPLE)
+            pm.sample(draws=1000, tune=0, chains=1, step=sequential, random_seed=1, **SAMPLE)
 
 
 def test_recenter_at_end_of_tuning_counts_its_pass():
