@@ -173,10 +173,9 @@ def find_reference_point(
         compile_kwargs=compile_kwargs,
         proxy_order=1,
     )
-    q0 = np.concatenate([np.ravel(initial_point[str(v.name)]) for v in value_vars])
     result = optimise_reference(
         oracles,
-        q0.astype("float64"),
+        oracles.initial_q,
         rng=get_random_generator(random_seed),
         method=method,
         error_tolerance=error_tolerance,

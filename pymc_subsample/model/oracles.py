@@ -46,8 +46,8 @@ class ModelOracles:
     ----------
     n_rows : int
         Number of rows N on the row axis.
-    n_params : int
-        Length of ``q``.
+    initial_q : ndarray
+        The raveled unconstrained initial point the oracles were built at.
     layout : RowLayout
         Which observed variables were subsampled and which are evaluated in full.
     shared : dict
@@ -56,7 +56,7 @@ class ModelOracles:
     """
 
     n_rows: int
-    n_params: int
+    initial_q: np.ndarray
     layout: RowLayout
     shared: dict[Variable, Variable]
     _prior_fn: Callable
@@ -71,6 +71,11 @@ class ModelOracles:
     _prior_hessian_fn: Callable | None = None
     _frozen: tuple[tuple[SharedVariable, SharedVariable], ...] = ()
     proxy_order: int = 0
+
+    @property
+    def n_params(self) -> int:
+        """Length of ``q``."""
+        return self.initial_q.size
 
     def log_prior(self, q: np.ndarray) -> float:
         """Free-variable log-densities with Jacobians, Potentials, and off-row observed terms."""
@@ -263,15 +268,18 @@ def build_oracles(
         )
     if proxy_order:
         gradients.update(
-            _proxy_functions(rows_q, prior_q, q, q_old, row_inputs, shared, proxy_order, kwargs)
+            _proxy_functions(
+                rows_q, rows_q_old, prior_q, q, q_old, row_inputs, shared, proxy_order, kwargs
+            )
         )
     if with_gradients:
         scores, batched_inputs = per_row_gradient(rows_q, q, row_inputs)
         gradients["_score_fn"] = _compile([q, *batched_inputs], scores, kwargs)
         gradients["_prior_grad_fn"] = _compile([q], pytensor.grad(prior_q, q), kwargs)
+    q0 = np.concatenate([np.ravel(initial_point[str(v.name)]) for v in vars]).astype("float64")
     oracles = ModelOracles(
         n_rows=layout.n_rows,
-        n_params=sum(int(np.size(initial_point[str(v.name)])) for v in vars),
+        initial_q=q0,
         layout=layout,
         shared=shared,
         _prior_fn=_compile([q], prior_q, kwargs),
@@ -283,13 +291,13 @@ def build_oracles(
         **gradients,
     )
     full_fn = _compile([q], full_q, kwargs)
-    q0 = np.concatenate([np.ravel(initial_point[str(v.name)]) for v in vars]).astype("float64")
     _self_check(oracles, full_fn, q0)
     return oracles
 
 
 def _proxy_functions(
     rows_q: TensorVariable,
+    rows_q_old: Variable,
     prior_q: TensorVariable,
     q: TensorVariable,
     q_old: TensorVariable,
@@ -308,12 +316,10 @@ def _proxy_functions(
     replacements: dict[Variable, Variable] = {q: q_ref}
     replacements.update(frozen)
     rows_ref = cast(TensorVariable, clone_replace(rows_q, replace=replacements))
-    old: dict[Variable, Variable] = {q: q_old}
-    rows_old = cast(TensorVariable, clone_replace(rows_q, replace=old))
     step = q - q_old
     centre = q + q_old - 2 * q_ref if proxy_order == 2 else None
     proxies = per_row_proxy_terms(rows_ref, q_ref, row_inputs, step, centre)
-    residuals = rows_q - rows_old - proxies
+    residuals = rows_q - rows_q_old - proxies
     gradient_sum, hessian_sum = summed_gradient_and_hessian(rows_ref, q_ref)
     prior_hessian = jacobian(pytensor.grad(prior_q, q), q, vectorize=True)
     return {

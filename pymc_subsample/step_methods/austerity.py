@@ -201,9 +201,11 @@ class AusterityMH(SubsampleMetropolisBase):
             reference_point=reference_point,
             recenter=recenter,
         )
-        self.exact = self.error_tolerance == 0.0 or self.batch_size >= self.n_rows
-        # An exact test reads every row by design: no warning that subsampling gained little.
-        self.diagnostics.warn_fallback = not self.exact
+        self.exact = self._exact_by_design()
+
+    def _exact_by_design(self) -> bool:
+        # Tolerance 0, or a first batch of all rows: exact MH, reading every row by request.
+        return self.error_tolerance == 0.0 or self.batch_size >= self.n_rows
 
     def _decide(
         self, log_ratio_rows: Callable[[np.ndarray], np.ndarray], log_prior_proposal_ratio: float

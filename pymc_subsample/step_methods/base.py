@@ -101,9 +101,6 @@ class SubsampleStepBase(ArrayStepShared):
             with_gradients=with_gradients,
             proxy_order=proxy_order,
         )
-        self._initial_q = np.concatenate(
-            [np.ravel(initial_point[str(v.name)]) for v in vars]
-        ).astype("float64")
         self._initial_point = initial_point
         #: Draws after tuning of the current chain, when PyMC says (PyMC 6's setup_chain).
         self._chain_draws: int | None = None
@@ -196,7 +193,9 @@ class SubsampleMetropolisBase(SubsampleStepBase):
                 proposal_cov = self.control.covariance
                 self._laplace_proposal = True
         self.proposal: RandomWalkProposal | LangevinProposal = self._make_proposal(proposal_cov)
-        self.diagnostics = ChainDiagnostics(self.batch_size, self.oracles.n_rows)
+        self.diagnostics = ChainDiagnostics(
+            self.batch_size, self.oracles.n_rows, warn_fallback=not self._exact_by_design()
+        )
         self._pending_rows = 0
         self._tune_blocks: list[np.ndarray] = []
         self._tune_steps = 0
@@ -217,7 +216,7 @@ class SubsampleMetropolisBase(SubsampleStepBase):
     def _make_control_variate(self, reference_point: Any) -> ControlVariate:
         if reference_point is None:
             # The sequential-test optimiser, on this step's own oracles (no second compile).
-            optimum = optimise_reference(self.oracles, self._initial_q, rng=self.rng)
+            optimum = optimise_reference(self.oracles, self.oracles.initial_q, rng=self.rng)
             self.reference_rows = optimum.n_row_evaluations
             reference = optimum.q
         else:
@@ -233,6 +232,10 @@ class SubsampleMetropolisBase(SubsampleStepBase):
                 stacklevel=4,
             )
         return control
+
+    def _exact_by_design(self) -> bool:
+        """Whether every decision reads all rows by request (then no fallback warning)."""
+        return False
 
     def _make_proposal(
         self, proposal_cov: ArrayLike | None

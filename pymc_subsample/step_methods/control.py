@@ -96,10 +96,6 @@ class ControlVariate:
         offset = q - self.proxy.reference
         return float(offset @ self.precision @ offset)
 
-    def is_far(self, q: np.ndarray) -> bool:
-        """Whether ``q`` lies beyond the 1 - 1e-6 quantile of that chi-square."""
-        return self.distance_sq(q) > self.limit
-
 
 def reference_vector(
     reference_point: Any, vars: list[TensorVariable], initial_point: Mapping[str, Any]

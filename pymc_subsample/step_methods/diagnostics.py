@@ -30,11 +30,11 @@ CHECK_EVERY = 1000
 class ChainDiagnostics:
     """Counts one chain's draws after tuning and warns once per problem."""
 
-    def __init__(self, batch_size: int, n_rows: int) -> None:
+    def __init__(self, batch_size: int, n_rows: int, *, warn_fallback: bool = True) -> None:
         self.batch_size = batch_size
         self.n_rows = n_rows
         #: False where full-data decisions are what the user asked for (an exact test).
-        self.warn_fallback = True
+        self.warn_fallback = warn_fallback
         self.reset(None)
 
     def reset(self, draws: int | None) -> None:
