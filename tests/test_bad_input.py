@@ -93,7 +93,7 @@ def test_per_row_latent_variable_is_explained():
     with pm.Model():
         z = pm.Normal("z", shape=40)
         pm.Normal("y", z, 1.0, observed=np.zeros(40))
-        with pytest.raises(ValueError, match="Per-row latent variables"):
+        with pytest.raises(ValueError, match=r"Free variables \['z'\] have one entry per row"):
             pms.AusterityMH()
 
 

@@ -25,6 +25,7 @@ from pytensor.graph.replace import clone_replace
 from pytensor.graph.traversal import ancestors
 from pytensor.tensor.variable import TensorConstant, TensorVariable
 
+from pymc_subsample.model.checks import check_no_imputed_rows, check_no_per_row_latents
 from pymc_subsample.model.gradients import (
     per_row_gradient,
     per_row_proxy_terms,
@@ -32,7 +33,7 @@ from pymc_subsample.model.gradients import (
 )
 from pymc_subsample.model.rows import RowLayout, find_row_layout, row_loglik_graph
 
-__all__ = ["ModelOracles", "build_oracles", "check_continuous"]
+__all__ = ["DataTracker", "ModelOracles", "build_oracles", "check_continuous"]
 
 #: Fixed seed of the construction-time self-check (deterministic, not a statistical test).
 _SELF_CHECK_SEED = 20140614
@@ -44,8 +45,6 @@ class ModelOracles:
 
     Attributes
     ----------
-    n_rows : int
-        Number of rows N on the row axis.
     initial_q : ndarray
         The raveled unconstrained initial point the oracles were built at.
     layout : RowLayout
@@ -55,7 +54,6 @@ class ModelOracles:
 
     """
 
-    n_rows: int
     initial_q: np.ndarray
     layout: RowLayout
     shared: dict[Variable, Variable]
@@ -71,6 +69,26 @@ class ModelOracles:
     _prior_hessian_fn: Callable | None = None
     _frozen: tuple[tuple[SharedVariable, SharedVariable], ...] = ()
     proxy_order: int = 0
+    _data: DataTracker | None = None
+
+    @property
+    def n_rows(self) -> int:
+        """Number of rows N on the row axis, for the data as of the last :meth:`refresh_data`."""
+        return self._tracker.n_rows
+
+    def refresh_data(self) -> bool:
+        """Re-read the model's data after ``pm.set_data``; whether anything changed.
+
+        O(1) when nothing changed (the data arrays are compared by identity and shape, as
+        ``pm.set_data`` replaces them). Changes made in place to a data array are not seen.
+        """
+        return self._tracker.refresh()
+
+    @property
+    def _tracker(self) -> DataTracker:
+        if self._data is None:
+            raise RuntimeError("ModelOracles was built without a DataTracker (use build_oracles).")
+        return self._data
 
     @property
     def n_params(self) -> int:
@@ -185,6 +203,57 @@ def _data_value(data: Variable) -> np.ndarray:
     return cast(TensorConstant, data).data
 
 
+class DataTracker:
+    """The model's data arrays as the oracles last saw them, and the row count N they imply.
+
+    Parameters
+    ----------
+    row_data : tuple of Variable
+        The row-aligned data (constants or shared variables), whose leading length is N.
+    data : tuple of SharedVariable
+        Every shared data array the oracles read (``pm.Data``), row-aligned or not.
+    """
+
+    def __init__(self, row_data: tuple[Variable, ...], data: tuple[SharedVariable, ...]) -> None:
+        self.row_data = row_data
+        self.data = data
+        self.n_rows = self._row_count()
+        self._seen = self._fingerprint()
+
+    def refresh(self) -> bool:
+        """Re-read the row count if any data array was replaced; whether one was."""
+        seen = self._fingerprint()
+        if seen == self._seen:
+            return False
+        self.n_rows = self._row_count()
+        self._seen = seen
+        return True
+
+    def _fingerprint(self) -> tuple[tuple[int, tuple[int, ...]], ...]:
+        values = [data.get_value(borrow=True) for data in self.data]
+        return tuple((id(value), np.shape(value)) for value in values)
+
+    def _row_count(self) -> int:
+        lengths = {str(data.name): len(_data_value(data)) for data in self.row_data}
+        if len(set(lengths.values())) != 1:
+            raise ValueError(
+                f"The row-aligned data arrays have different lengths {lengths}: after "
+                "pm.set_data, give every array on the row axis (covariates and observed values) "
+                "the same new number of rows in one call, e.g. pm.set_data({'X': X_new, "
+                "'y': y_new})."
+            )
+        return next(iter(lengths.values()))
+
+
+def _shared_data(graphs: Sequence[Variable], exclude: set[Variable]) -> tuple[SharedVariable, ...]:
+    """Return the shared tensors (``pm.Data``) that ``graphs`` read, other than ``exclude``."""
+    return tuple(
+        var
+        for var in ancestors(list(graphs))
+        if isinstance(var, SharedVariable) and var not in exclude and hasattr(var.type, "ndim")
+    )
+
+
 def check_continuous(model: Model, vars: Sequence[TensorVariable]) -> None:
     """Refuse discrete value variables: the random-walk proposals are continuous."""
     discrete = [v.name for v in vars if v.dtype in discrete_types]
@@ -240,7 +309,9 @@ def build_oracles(
 
     """
     check_continuous(model, vars)
+    check_no_imputed_rows(model)
     layout = find_row_layout(model, obs_dim)
+    check_no_per_row_latents(model, layout.row_rvs, initial_point, layout.n_rows, layout.obs_dim)
     graph = row_loglik_graph(model, layout)
     prior = model.logp(vars=[*model.free_RVs, *model.potentials, *layout.full_rvs])
 
@@ -275,10 +346,13 @@ def build_oracles(
     if with_gradients:
         scores, batched_inputs = per_row_gradient(rows_q, q, row_inputs)
         gradients["_score_fn"] = _compile([q, *batched_inputs], scores, kwargs)
-        gradients["_prior_grad_fn"] = _compile([q], pytensor.grad(prior_q, q), kwargs)
+        gradients["_prior_grad_fn"] = _compile([q], _prior_gradient(prior_q, q), kwargs)
     q0 = np.concatenate([np.ravel(initial_point[str(v.name)]) for v in vars]).astype("float64")
+    tracker = DataTracker(
+        graph.row_data,
+        _shared_data([rows_q, prior_q, *graph.row_data], set(shared.values()) | set(shared)),
+    )
     oracles = ModelOracles(
-        n_rows=layout.n_rows,
         initial_q=q0,
         layout=layout,
         shared=shared,
@@ -288,6 +362,7 @@ def build_oracles(
         _ratio_fn=_compile([q, q_old, *row_inputs], rows_q - rows_q_old, kwargs),
         _row_data=graph.row_data,
         proxy_order=proxy_order,
+        _data=tracker,
         **gradients,
     )
     full_fn = _compile([q], full_q, kwargs)
@@ -321,13 +396,21 @@ def _proxy_functions(
     proxies = per_row_proxy_terms(rows_ref, q_ref, row_inputs, step, centre)
     residuals = rows_q - rows_q_old - proxies
     gradient_sum, hessian_sum = summed_gradient_and_hessian(rows_ref, q_ref)
-    prior_hessian = jacobian(pytensor.grad(prior_q, q), q, vectorize=True)
+    prior_hessian = jacobian(
+        _prior_gradient(prior_q, q), q, vectorize=True, disconnected_inputs="ignore"
+    )
     return {
         "_residual_fn": _compile([q, q_old, q_ref, *row_inputs], residuals, kwargs),
         "_sums_fn": _compile([q_ref, *row_inputs], [gradient_sum, hessian_sum], kwargs),
         "_prior_hessian_fn": _compile([q], prior_hessian, kwargs),
         "_frozen": frozen,
     }
+
+
+def _prior_gradient(prior_q: TensorVariable, q: TensorVariable) -> TensorVariable:
+    # Flat priors (pm.Flat, and pm.HalfFlat's constant log-Jacobian gradient) leave the prior's
+    # gradient or Hessian disconnected from q: those are zero, not an error.
+    return cast(TensorVariable, pytensor.grad(prior_q, q, disconnected_inputs="ignore"))
 
 
 def _compile(inputs: list[Variable], outputs: Any, kwargs: dict[str, Any]) -> Callable:
@@ -373,11 +456,16 @@ def _check_initial_finite(full_rows: np.ndarray, log_prior: float, names: list[s
     if bad.size:
         raise ValueError(
             f"The log-likelihood of {names} is not finite at the initial point for rows "
-            f"{bad[:10].tolist()} ({bad.size} rows in all). Check the data for NaN/inf and "
-            "choose initial values (pm.sample(initvals=...)) where every row has positive density."
+            f"{bad[:10].tolist()} ({bad.size} rows in all). Check the data for NaN/inf; if the "
+            "data are fine, start the parameters where every row has positive density by giving "
+            "them initial values in the model (initval= on the variable, or "
+            "model.set_initval(var, value)) before building the step: the step is built at the "
+            "model's initial point, so pm.sample(initvals=...) comes too late."
         )
     if not np.isfinite(log_prior):
         raise ValueError(
-            "The prior log-density is not finite at the initial point. Give initial values "
-            "inside the support with pm.sample(initvals=...) or the variables' `initval`."
+            "The prior log-density is not finite at the initial point. Give initial values inside "
+            "the support in the model (initval= on the variable, or model.set_initval(var, "
+            "value)) before building the step: the step is built at the model's initial point, "
+            "so pm.sample(initvals=...) comes too late."
         )

@@ -15,11 +15,12 @@ from dataclasses import dataclass
 from typing import cast
 
 import numpy as np
+import pytensor.tensor as pt
 from pymc.data import MinibatchIndexRV, MinibatchOp
 from pymc.distributions.shape_utils import change_dist_size
 from pymc.logprob.basic import logp
 from pymc.model import Model
-from pymc.variational.minibatch_rv import MinibatchRandomVariable
+from pymc.variational.minibatch_rv import MinibatchRandomVariable, get_scaling
 from pytensor.compile.sharedvalue import SharedVariable
 from pytensor.graph.basic import Constant, Variable
 from pytensor.graph.replace import clone_replace
@@ -27,6 +28,7 @@ from pytensor.graph.traversal import ancestors
 from pytensor.tensor.type import TensorType
 from pytensor.tensor.variable import TensorVariable
 
+from pymc_subsample.model.checks import check_one_term_per_row, check_support_is_fixed
 from pymc_subsample.warnings import SubsampleWarning
 
 __all__ = ["RowGraph", "RowLayout", "find_row_layout", "row_loglik_graph"]
@@ -217,7 +219,16 @@ def row_loglik_graph(model: Model, layout: RowLayout) -> RowGraph:
 
     The row subsets enter the graph as inputs rather than as ``data[idx]`` inside it, so that
     the compiled function never sees an array of length N and the gather runs in NumPy's fast
-    ``take``.
+    ``take``. An observed value may itself be an expression of row-aligned data (an integer
+    ``pm.Data`` is stored as int32 and cast back; ``observed=pt.log(z)``): its data roots are
+    replaced the same way. PyMC's ``total_size`` scaling is kept: each row's term is multiplied
+    by ``total_size / N``, as in the model's own log-density.
+
+    Raises
+    ------
+    ValueError
+        If an observed variable's log-likelihood is one summed value, or its support depends
+        on the parameters (see :mod:`pymc_subsample.model.checks`).
     """
     placeholders: dict[TensorVariable, TensorVariable] = {}
 
@@ -227,26 +238,45 @@ def row_loglik_graph(model: Model, layout: RowLayout) -> RowGraph:
             placeholders[data] = subset_type(name=f"{data.name or 'data'}_rows")
         return placeholders[data]
 
+    def rows_of(graph: TensorVariable) -> TensorVariable:
+        replacements: dict[Variable, Variable] = {
+            d: placeholder(d) for d in _row_aligned_data(graph, model, layout)
+        }
+        return cast(
+            TensorVariable, clone_replace(graph, replace=replacements, rebuild_strict=False)
+        )
+
     rows_terms, full_terms = [], []
     for observed_rv in layout.row_rvs:
+        name = str(observed_rv.name)
         value = model.rvs_to_values[observed_rv]
         rv = _rebuild_on_values(model, _unwrap_total_size(observed_rv))
-        full_terms.append(_sum_trailing(logp(rv, value)))
+        scale = _total_size_scale(observed_rv, value)
+        full_term = _sum_trailing(logp(rv, value))
+        check_one_term_per_row(full_term, name)
+        full_terms.append(full_term * scale)
 
-        value_rows = placeholder(value)
+        value_rows = placeholder(value) if value.owner is None else rows_of(value)
         ndim_supp = getattr(rv.owner.op, "ndim_supp", 0)
         batch_shape = tuple(value.shape.eval())[: value.ndim - ndim_supp]
         resized = change_dist_size(rv, new_size=(value_rows.shape[0], *batch_shape[1:]))
-        data = _row_aligned_data(resized, model, layout)
-        replacements: dict[Variable, Variable] = {d: placeholder(d) for d in data}
-        subset = clone_replace(resized, replace=replacements, rebuild_strict=False)
-        rows_terms.append(_sum_trailing(logp(subset, value_rows)))
+        row_term = _sum_trailing(logp(rows_of(resized), value_rows))
+        check_support_is_fixed(row_term, placeholders.values(), model.values_to_rvs, [name])
+        rows_terms.append(row_term * scale)
     return RowGraph(
         rows_logp=_total(rows_terms),
         row_inputs=tuple(placeholders.values()),
         row_data=tuple(placeholders),
         full_logp=_total(full_terms),
     )
+
+
+def _total_size_scale(observed_rv: Variable, value: TensorVariable) -> TensorVariable:
+    """PyMC's ``total_size / N`` factor of an observed variable (1 without ``total_size``)."""
+    if observed_rv.owner is not None and isinstance(observed_rv.owner.op, MinibatchRandomVariable):
+        _, *total_size = observed_rv.owner.inputs
+        return cast(TensorVariable, get_scaling(total_size, value.shape))
+    return cast(TensorVariable, pt.constant(1.0))
 
 
 def _total(terms: list[TensorVariable]) -> TensorVariable:

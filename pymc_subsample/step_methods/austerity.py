@@ -117,8 +117,9 @@ class AusterityMH(SubsampleMetropolisBase):
 
     **Stats** recorded for every draw (in ``sample_stats``):
 
-    accepted : bool
-        Whether the proposal was accepted.
+    accepted : float64
+        1.0 if the proposal was accepted, else 0.0 (a float, as in PyMC's ``Metropolis``, so
+        that both can share a compound step).
     n_data : int64
         Rows whose log-likelihood ratio was evaluated for this draw (the cost). Rows are
         evaluated in calls of 1, 2, 4, ... stages, so this can exceed the rows the decision
@@ -151,7 +152,7 @@ class AusterityMH(SubsampleMetropolisBase):
 
     name = "austerity_mh"
     stats_dtypes_shapes: ClassVar[dict[str, tuple[type, list[int]]]] = {
-        "accepted": (bool, []),
+        "accepted": (np.float64, []),
         "n_data": (np.int64, []),
         "n_batches": (np.int64, []),
         "full_data": (bool, []),
@@ -201,6 +202,10 @@ class AusterityMH(SubsampleMetropolisBase):
             reference_point=reference_point,
             recenter=recenter,
         )
+        self.exact = self._exact_by_design()
+
+    def _rebuild_for_data(self) -> None:
+        super()._rebuild_for_data()
         self.exact = self._exact_by_design()
 
     def _exact_by_design(self) -> bool:

@@ -95,8 +95,9 @@ class MinibatchBarkerMH(SubsampleMetropolisBase):
 
     **Stats** recorded for every draw (in ``sample_stats``):
 
-    accepted : bool
-        Whether the proposal was accepted.
+    accepted : float64
+        1.0 if the proposal was accepted, else 0.0 (a float, as in PyMC's ``Metropolis``, so
+        that both can share a compound step).
     n_data : int64
         Rows whose log-likelihood ratio was evaluated for this draw (the cost).
     n_batches : int64
@@ -123,7 +124,7 @@ class MinibatchBarkerMH(SubsampleMetropolisBase):
 
     name = "minibatch_barker_mh"
     stats_dtypes_shapes: ClassVar[dict[str, tuple[type, list[int]]]] = {
-        "accepted": (bool, []),
+        "accepted": (np.float64, []),
         "n_data": (np.int64, []),
         "n_batches": (np.int64, []),
         "full_data": (bool, []),

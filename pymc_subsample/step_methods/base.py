@@ -112,15 +112,25 @@ class SubsampleStepBase(ArrayStepShared):
         """Number of rows N on the row axis."""
         return self.oracles.n_rows
 
-    # PyMC 6 calls setup_chain, PyMC 5 calls set_rng: both seed the chain's generator.
+    # PyMC 6 calls setup_chain, PyMC 5 calls set_rng, at the start of every chain (in the worker
+    # process too): both seed the chain's generator and re-read data changed by pm.set_data.
     def setup_chain(self, rng: RandomGenerator, tune: int, draws: int) -> None:
-        """Use the chain's random generator (PyMC 6 hook)."""
+        """Use the chain's random generator and the model's current data (PyMC 6 hook)."""
         self.rng = get_random_generator(rng, copy=False)
         self._chain_draws = draws
+        self._sync_data()
 
     def set_rng(self, rng: RandomGenerator) -> None:
-        """Use the chain's random generator (PyMC 5 hook)."""
+        """Use the chain's random generator and the model's current data (PyMC 5 hook)."""
         self.rng = get_random_generator(rng, copy=False)
+        self._sync_data()
+
+    def _sync_data(self) -> None:
+        if self.oracles.refresh_data():
+            self._rebuild_for_data()
+
+    def _rebuild_for_data(self) -> None:
+        """Rebuild what depends on the data after ``pm.set_data`` (a subclass extends this)."""
 
     @staticmethod
     def competence(var: Variable, has_grad: bool) -> Competence:
@@ -187,6 +197,7 @@ class SubsampleMetropolisBase(SubsampleStepBase):
         self.control: ControlVariate | None = None
         self.reference_rows = 0
         self._laplace_proposal = False
+        self._reference_point = reference_point
         if self.control_variate is not None:
             self.control = self._make_control_variate(reference_point)
             if proposal_cov is None:
@@ -212,6 +223,18 @@ class SubsampleMetropolisBase(SubsampleStepBase):
                 SubsampleWarning,
                 stacklevel=3,
             )
+
+    def _rebuild_for_data(self) -> None:
+        # New data (pm.set_data): new N for the row sampler and the diagnostics, and new
+        # gradient and Hessian sums for the control variate, found again when it was automatic.
+        self.row_sampler = RowSampler(self.oracles.n_rows)
+        self.diagnostics = ChainDiagnostics(
+            self.batch_size, self.oracles.n_rows, warn_fallback=not self._exact_by_design()
+        )
+        if self.control is not None:
+            self.control = self._make_control_variate(self._reference_point)
+            if self._laplace_proposal:
+                self.proposal = self._make_proposal(self.control.covariance)
 
     def _make_control_variate(self, reference_point: Any) -> ControlVariate:
         if reference_point is None:
@@ -265,6 +288,7 @@ class SubsampleMetropolisBase(SubsampleStepBase):
         self.accepted_since_tune += int(decision.accepted)
         q = q_new if decision.accepted else q_old
         stats = {**decision._asdict(), **self._draw_stats()}
+        stats["accepted"] = float(decision.accepted)
         stats["n_data"] += self._pending_rows
         self._pending_rows = 0
         stats["residual_kurtosis"] = kurtosis[0] if kurtosis else float("nan")

@@ -175,6 +175,10 @@ class SGFS(SubsampleStepBase):
         # every state restore makes a new array, so identity is a safe key.
         self._factors: tuple[np.ndarray, float, SGFSFactors] | None = None
 
+    def _rebuild_for_data(self) -> None:
+        # The cached factorisations hold N (pm.set_data to another number of rows).
+        self._factors = None
+
     def reset_tuning(self) -> None:
         """Forget the Fisher average and restart the step counter (a new chain)."""
         self.fisher, self.fisher_count, self.step_count = None, 0, 0
