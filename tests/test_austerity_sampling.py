@@ -130,7 +130,7 @@ def test_same_seed_same_draws_whatever_cores(regression_runs, parallel):
 def test_stats_names_dtypes_and_meaning(regression_runs):
     stats = regression_runs["sequential"].sample_stats
     expected = {
-        "accepted": np.bool_,
+        "accepted": np.float64,
         "n_data": np.int64,
         "n_batches": np.int64,
         "full_data": np.bool_,

@@ -73,7 +73,7 @@ def test_stats_names_and_dtypes(small_regression):
         )
     stats = idata.sample_stats
     expected = {
-        "accepted": np.bool_,
+        "accepted": np.float64,
         "n_data": np.int64,
         "n_batches": np.int64,
         "full_data": np.bool_,

@@ -6,7 +6,10 @@ replacement and stop at the first stage where a rule holds. :func:`run_stages` e
 stages in oracle calls of 1, 2, 4, ... stages (``STAGE_GROWTH``) and applies the rule to every
 stage boundary of a call in order, so the stopping stage is the one of the stage-by-stage
 algorithm on the same rows while the number of calls is logarithmic. Rows evaluated past the
-stopping stage (less than the rows used) are reported in ``n_data``.
+stopping stage (less than the rows used) are reported in ``n_data``. When a call has read all N
+rows, the test uses them all and the step makes the exact decision, whatever stage the rule
+would have stopped at: those rows are paid for, and an exact decision has no error. So a draw
+reports ``full_data`` exactly when its ``n_data`` is N.
 """
 
 from __future__ import annotations
@@ -178,7 +181,8 @@ def run_stages(
         stopping = (stats.n_values == n_rows) | stop(stats, prefix)
         decided = stopping.nonzero()[0]
         if decided.size:
-            k = int(decided[0])
+            # All N rows read (the last stage of this call holds them all): decide on them.
+            k = stats.n_values.size - 1 if rows.n_taken == n_rows else int(decided[0])
             n_used = int(stats.n_values[k])
             return StageOutcome(
                 mean=float(stats.mean[k]),

@@ -128,7 +128,7 @@ class AusterityMH(SubsampleMetropolisBase):
         Stage of the sequential test at which the decision was made: it used
         ``min(n_batches * batch_size, N)`` rows (1 when exact MH ran directly on all rows).
     full_data : bool
-        The test used all N rows and made the exact MH decision.
+        The draw read all N rows (``n_data == N``) and made the exact MH decision on them.
     nonfinite_proposal : bool
         The proposal was rejected because its prior or some row's log-likelihood was NaN or
         infinite.

@@ -103,7 +103,8 @@ class MinibatchBarkerMH(SubsampleMetropolisBase):
     n_batches : int64
         Stage at which the test stopped: it used ``min(n_batches * batch_size, N)`` rows.
     full_data : bool
-        All N rows were used and the exact Barker test (logistic noise) decided.
+        The draw read all N rows (``n_data == N``) and the exact Barker test (logistic noise)
+        decided on them.
     variance : float64
         The ``s^2`` of ``Delta*`` used (0 with all rows; NaN after a non-finite proposal).
     clt_error : float64
