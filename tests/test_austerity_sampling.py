@@ -145,7 +145,9 @@ def test_stats_names_dtypes_and_meaning(regression_runs):
     assert np.all(np.minimum(n_batches * 300, 3000) <= n_data)
     assert np.all(n_data <= np.minimum((2 * n_batches - 1) * 300, 3000))
     assert np.all(stats["full_data"].values == (n_batches * 300 >= 3000))
-    assert 0.05 < stats["accepted"].values.mean() < 0.8
+    # A sanity range: the scale tuned over 500 draws from a far start gives 5-30% acceptance
+    # (draws that read all rows decide exactly, which accepts a little less than eps = 0.05).
+    assert 0.02 < stats["accepted"].values.mean() < 0.8
 
 
 def test_tuning_adapts_scaling_and_stops(regression_runs):

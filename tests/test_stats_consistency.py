@@ -20,7 +20,9 @@ SAMPLE = {"progressbar": False, "compute_convergence_checks": False}
 @pytest.mark.parametrize(
     "make_step",
     [
-        pytest.param(lambda: pms.AusterityMH(error_tolerance=0.001, batch_size=100), id="austerity"),
+        pytest.param(
+            lambda: pms.AusterityMH(error_tolerance=0.001, batch_size=100), id="austerity"
+        ),
         pytest.param(lambda: pms.MinibatchBarkerMH(batch_size=100), id="barker"),
     ],
 )
@@ -34,3 +36,18 @@ def test_full_data_exactly_when_every_row_was_read(make_step):
     assert full.any()
     np.testing.assert_array_equal(full, n_data == 1000)
     np.testing.assert_array_equal(stats["n_batches"].values[full], 10)
+
+
+@pytest.mark.parametrize("control_variate", [False, True])
+def test_fallback_advice_matches_the_configuration(control_variate):
+    # Before, the advice was to turn on control variates even when they were on.
+    from pymc_subsample.step_methods.diagnostics import ChainDiagnostics
+
+    diagnostics = ChainDiagnostics(100, 1000, control_variate=control_variate)
+    diagnostics.reset(10)
+    with pytest.warns(pms.SubsampleWarning) as record:
+        for _ in range(10):
+            diagnostics.record(True, float("nan"))
+    message = str(record[0].message)
+    assert ("turn on control_variate" in message) is not control_variate
+    assert ("reference_distance" in message) is control_variate

@@ -204,9 +204,7 @@ class SubsampleMetropolisBase(SubsampleStepBase):
                 proposal_cov = self.control.covariance
                 self._laplace_proposal = True
         self.proposal: RandomWalkProposal | LangevinProposal = self._make_proposal(proposal_cov)
-        self.diagnostics = ChainDiagnostics(
-            self.batch_size, self.oracles.n_rows, warn_fallback=not self._exact_by_design()
-        )
+        self.diagnostics = self._make_diagnostics()
         self._pending_rows = 0
         self._tune_blocks: list[np.ndarray] = []
         self._tune_steps = 0
@@ -228,13 +226,19 @@ class SubsampleMetropolisBase(SubsampleStepBase):
         # New data (pm.set_data): new N for the row sampler and the diagnostics, and new
         # gradient and Hessian sums for the control variate, found again when it was automatic.
         self.row_sampler = RowSampler(self.oracles.n_rows)
-        self.diagnostics = ChainDiagnostics(
-            self.batch_size, self.oracles.n_rows, warn_fallback=not self._exact_by_design()
-        )
+        self.diagnostics = self._make_diagnostics()
         if self.control is not None:
             self.control = self._make_control_variate(self._reference_point)
             if self._laplace_proposal:
                 self.proposal = self._make_proposal(self.control.covariance)
+
+    def _make_diagnostics(self) -> ChainDiagnostics:
+        return ChainDiagnostics(
+            self.batch_size,
+            self.oracles.n_rows,
+            warn_fallback=not self._exact_by_design(),
+            control_variate=self.control is not None,
+        )
 
     def _make_control_variate(self, reference_point: Any) -> ControlVariate:
         if reference_point is None:

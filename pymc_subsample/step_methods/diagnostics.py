@@ -30,11 +30,20 @@ CHECK_EVERY = 1000
 class ChainDiagnostics:
     """Counts one chain's draws after tuning and warns once per problem."""
 
-    def __init__(self, batch_size: int, n_rows: int, *, warn_fallback: bool = True) -> None:
+    def __init__(
+        self,
+        batch_size: int,
+        n_rows: int,
+        *,
+        warn_fallback: bool = True,
+        control_variate: bool = False,
+    ) -> None:
         self.batch_size = batch_size
         self.n_rows = n_rows
         #: False where full-data decisions are what the user asked for (an exact test).
         self.warn_fallback = warn_fallback
+        #: Whether the step already uses a control variate (the fallback advice depends on it).
+        self.control_variate = control_variate
         self.reset(None)
 
     def reset(self, draws: int | None) -> None:
@@ -78,9 +87,8 @@ class ChainDiagnostics:
             self._warn(
                 "fallback",
                 f"{share:.0%} of {self.n_draws} draws after tuning used all N={self.n_rows} "
-                "rows (stat 'full_data'): the subsampled test gained little. At temperature 1 "
-                "turn on control_variate='taylor2' (or 'taylor1'); otherwise raise the "
-                "error_tolerance or batch_size, or shrink the proposal.",
+                "rows (stat 'full_data'): the subsampled test gained little. "
+                + self._fallback_advice(),
             )
         if self.n_kurtosis:
             kurtosis = self.kurtosis_sum / self.n_kurtosis
@@ -93,6 +101,19 @@ class ChainDiagnostics:
                     f"batch_size above {kurtosis / KURTOSIS_LIMIT:.0f}, use "
                     "control_variate='taylor2', or check the data for outliers.",
                 )
+
+    def _fallback_advice(self) -> str:
+        if self.control_variate:
+            return (
+                "The control variate is on, so the chain is probably far from its reference "
+                "point (stat 'reference_distance'): start the chains at the reference "
+                "(pm.sample(initvals=ref.initvals)), pass recenter='tune', or use "
+                "control_variate='taylor2' if it is 'taylor1'."
+            )
+        return (
+            "At temperature 1 turn on control_variate='taylor2' (or 'taylor1'); otherwise "
+            "raise the error_tolerance or batch_size, or shrink the proposal."
+        )
 
     def _warn(self, key: str, message: str) -> None:
         if key not in self.warned:
