@@ -9,7 +9,7 @@ vectorise the gradient over a batch of rows with ``vectorize_graph`` (DESIGN.md 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import cast
+from typing import TypeVar, cast
 
 import pytensor
 import pytensor.tensor as pt
@@ -18,7 +18,56 @@ from pytensor.graph.basic import Variable
 from pytensor.graph.replace import clone_replace, vectorize_graph
 from pytensor.tensor.variable import TensorVariable
 
-__all__ = ["per_row_gradient", "per_row_proxy_terms", "summed_gradient_and_hessian"]
+__all__ = [
+    "per_row_gradient",
+    "per_row_proxy_terms",
+    "summed_gradient_and_hessian",
+    "with_static_length",
+]
+
+
+_Graph = TypeVar("_Graph", bound=Variable)
+_Vector = TypeVar("_Vector", bound=TensorVariable)
+
+
+def with_static_length(
+    outputs: Sequence[_Graph], q: _Vector, length: int
+) -> tuple[list[_Graph], _Vector]:
+    """Rebuild ``outputs`` on a copy of the vector ``q`` whose type knows its ``length``.
+
+    ``pymc.pytensorf.join_nonshared_inputs`` types ``q`` as the concatenation of the value
+    variables, so a model written with ``dims`` (whose dim lengths are symbolic, mutable
+    coordinates) gives ``q`` an unknown length. The Hessians (``jacobian(..., vectorize=True)``)
+    then carry symbolic shape arithmetic on ``q.shape[0]``, which PyTensor 2.38's shape
+    rewrite ``local_shape_to_shape_i`` turned into a cycle: compiling the Hessian sums never
+    ended and its graph walk grew in memory (issue 13; PyTensor 3.3 was not affected). With
+    the length in the type, rebuilt non-strictly, every slice of ``q`` gets a static shape and
+    the graphs match those of a model with frozen dims. The data placeholders, and so
+    ``pm.set_data``, are untouched.
+
+    Parameters
+    ----------
+    outputs : sequence of Variable
+        Graphs of ``q``.
+    q : TensorVariable
+        The raveled parameter vector, an input of ``outputs``.
+    length : int
+        Its length (the size of the raveled point).
+
+    Returns
+    -------
+    outputs : list of Variable
+        The same graphs on the new vector.
+    q : TensorVariable
+        The new vector, of static shape ``(length,)``; ``q`` itself when its type already
+        says so.
+    """
+    if q.type.shape == (length,):
+        return list(outputs), q
+    static_q = cast(_Vector, q.type.clone(shape=(length,))(name=q.name))
+    replacements: dict[Variable, Variable] = {q: static_q}
+    rebuilt = clone_replace(list(outputs), replace=replacements, rebuild_strict=False)
+    return [cast(_Graph, out) for out in rebuilt], static_q
 
 
 def per_row_gradient(

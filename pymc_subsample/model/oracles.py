@@ -30,6 +30,7 @@ from pymc_subsample.model.gradients import (
     per_row_gradient,
     per_row_proxy_terms,
     summed_gradient_and_hessian,
+    with_static_length,
 )
 from pymc_subsample.model.rows import RowLayout, find_row_layout, row_loglik_graph
 
@@ -319,6 +320,9 @@ def build_oracles(
     [rows_q, full_q, prior_q], q = join_nonshared_inputs(
         initial_point, [graph.rows_logp, graph.full_logp, prior], vars, shared
     )
+    # dims models leave q's length symbolic, and PyTensor 2.x's rewrites of the Hessians stall.
+    q_size = sum(int(np.size(initial_point[str(v.name)])) for v in vars)
+    [rows_q, full_q, prior_q], q = with_static_length([rows_q, full_q, prior_q], q, q_size)
     q_old = q.type("q_old")
     rows_q_old, prior_q_old = clone_replace([rows_q, prior_q], replace={q: q_old})
 
