@@ -164,3 +164,43 @@ def run_chains(
                 theta = proposal
         ends[chain] = theta
     return ends, rows_used / (n_chains * n_steps)
+
+
+def step_end_states(step: Any, starts: np.ndarray, n_steps: int) -> np.ndarray:
+    """End states of chains of a PyMC step's ``astep`` with tuning off, one per row of ``starts``.
+
+    Each chain starts at ``starts[c]`` (the raveled unconstrained point) and continues the
+    step's own random stream, so the whole set is reproducible from the step's ``rng``.
+    """
+    from pymc.blocking import DictToArrayBijection, RaveledVars
+
+    info = DictToArrayBijection.map(step._initial_point).point_map_info
+    step.tune = False
+    starts = np.asarray(starts, dtype=float)
+    if starts.ndim == 1:  # one parameter
+        starts = starts[:, None]
+    ends = np.empty_like(starts)
+    for chain, start in enumerate(starts):
+        q = RaveledVars(start.copy(), info)
+        for _ in range(n_steps):
+            q, _ = step.astep(q)
+        ends[chain] = q.data
+    return ends
+
+
+def gaussian_draws_pvalues(draws: np.ndarray, mean: float, sd: float) -> dict[str, float]:
+    """Two-sided p-values of three exact tests that ``draws`` are i.i.d. N(mean, sd^2).
+
+    ``shape``: KS of the probability integral transforms against the uniform; ``scale``: the
+    sum of squared standardised draws against chi-square(n); ``location``: their sum against
+    N(0, n). The last two are far more powerful than KS against a wrong sd or mean.
+    """
+    from scipy.stats import chi2, norm
+
+    z = (np.asarray(draws, dtype=float) - mean) / sd
+    squares = float(np.sum(z**2))
+    return {
+        "shape": float(kstest(ndtr(z), "uniform").pvalue),
+        "scale": float(2 * min(chi2.cdf(squares, z.size), chi2.sf(squares, z.size))),
+        "location": float(2 * norm.sf(abs(z.sum()) / np.sqrt(z.size))),
+    }
