@@ -33,6 +33,7 @@ from pymc_subsample.model.gradients import (
     with_static_length,
 )
 from pymc_subsample.model.rows import RowLayout, find_row_layout, row_loglik_graph
+from pymc_subsample.warnings import numba_fallbacks_silenced
 
 __all__ = ["DataTracker", "ModelOracles", "build_oracles", "check_continuous"]
 
@@ -420,7 +421,8 @@ def _prior_gradient(prior_q: TensorVariable, q: TensorVariable) -> TensorVariabl
 def _compile(inputs: list[Variable], outputs: Any, kwargs: dict[str, Any]) -> Callable:
     # Unused inputs are expected: a step over hyperparameters that only the prior sees has row
     # terms that do not depend on its point (their differences are then exactly 0).
-    function = compile_pytensor(inputs, outputs, **{"on_unused_input": "ignore", **kwargs})
+    with numba_fallbacks_silenced():
+        function = compile_pytensor(inputs, outputs, **{"on_unused_input": "ignore", **kwargs})
     function.trust_input = True
     return function
 

@@ -9,7 +9,6 @@ and take ``logp(rv, value[idx])``. The result costs O(len(idx)) to evaluate, wha
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import cast
@@ -29,7 +28,7 @@ from pytensor.tensor.type import TensorType
 from pytensor.tensor.variable import TensorVariable
 
 from pymc_subsample.model.checks import check_one_term_per_row, check_support_is_fixed
-from pymc_subsample.warnings import SubsampleWarning
+from pymc_subsample.warnings import warn_user
 
 __all__ = ["RowGraph", "RowLayout", "find_row_layout", "row_loglik_graph"]
 
@@ -136,12 +135,10 @@ def find_row_layout(model: Model, obs_dim: str | None = None) -> RowLayout:
 def _warn_large_full_terms(full_rvs: Sequence[Variable], shapes: dict) -> None:
     large = [rv.name for rv in full_rvs if int(np.prod(shapes[rv])) > LARGE_FULL_TERM]
     if large:
-        warnings.warn(
+        warn_user(
             f"Observed variables {large} are not on the row axis and are evaluated in full at "
             "every step, which costs as much as their size. If they share the rows, give them "
             "the same leading dimension and pass obs_dim=<that dimension's name>.",
-            SubsampleWarning,
-            stacklevel=3,
         )
 
 

@@ -8,7 +8,7 @@ those of ``_draw_stats``: ``n_grad_rows``, ``scaling``, ``temperature``) in
 
 from __future__ import annotations
 
-import warnings
+import os
 from abc import abstractmethod
 from collections.abc import Callable, Sequence
 from functools import partial
@@ -17,7 +17,7 @@ from typing import Any, Protocol
 import numpy as np
 import pymc as pm
 from numpy.typing import ArrayLike
-from pymc.blocking import RaveledVars
+from pymc.blocking import PointType, RaveledVars, StatsType
 from pymc.step_methods.arraystep import ArrayStepShared
 from pymc.step_methods.compound import Competence, StepMethodState
 from pymc.step_methods.metropolis import tune as tune_scaling
@@ -37,7 +37,12 @@ from pymc_subsample.step_methods.control import (
 )
 from pymc_subsample.step_methods.diagnostics import ChainDiagnostics
 from pymc_subsample.step_methods.progress import make_progressbar_updaters, progressbar_config
-from pymc_subsample.warnings import SubsampleWarning
+from pymc_subsample.step_methods.warning_relay import (
+    WARNING_STAT,
+    relay_if_worker,
+    relayed_warnings,
+)
+from pymc_subsample.warnings import warn_user
 
 __all__ = ["PROPOSALS", "SubsampleMHState", "SubsampleMetropolisBase", "SubsampleStepBase"]
 
@@ -66,9 +71,18 @@ class SubsampleMHState(StepMethodState):
 
 
 class SubsampleStepBase(ArrayStepShared):
-    """A step on the raveled unconstrained vector that reads rows through compiled oracles."""
+    """A step on the raveled unconstrained vector that reads rows through compiled oracles.
+
+    Every subclass's ``stats_dtypes_shapes`` gains the ``warning`` stat, which carries the
+    warnings of a chain run in a worker process to the parent (``warning_relay``).
+    """
 
     default_blocked = True
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "stats_dtypes_shapes" in cls.__dict__:
+            cls.stats_dtypes_shapes = {**cls.stats_dtypes_shapes, **WARNING_STAT}
 
     def __init__(
         self,
@@ -104,6 +118,8 @@ class SubsampleStepBase(ArrayStepShared):
         self._initial_point = initial_point
         #: Draws after tuning of the current chain, when PyMC says (PyMC 6's setup_chain).
         self._chain_draws: int | None = None
+        #: The process that built the step; chains elsewhere relay their warnings to it.
+        self._home_pid = os.getpid()
         _warn_row_length_deterministics(model, initial_point, self.oracles.n_rows)
         super().__init__(vars, self.oracles.shared, blocked=blocked, rng=rng)
 
@@ -116,14 +132,26 @@ class SubsampleStepBase(ArrayStepShared):
     # process too): both seed the chain's generator and re-read data changed by pm.set_data.
     def setup_chain(self, rng: RandomGenerator, tune: int, draws: int) -> None:
         """Use the chain's random generator and the model's current data (PyMC 6 hook)."""
+        relay_if_worker(self._home_pid)
         self.rng = get_random_generator(rng, copy=False)
         self._chain_draws = draws
         self._sync_data()
+        self._start_chain(tune=tune > 0)
 
     def set_rng(self, rng: RandomGenerator) -> None:
         """Use the chain's random generator and the model's current data (PyMC 5 hook)."""
+        relay_if_worker(self._home_pid)
         self.rng = get_random_generator(rng, copy=False)
         self._sync_data()
+        # PyMC 5 does not say whether the chain tunes; its loops call stop_tuning() at draw
+        # ``tune``, at once when tune=0, and the sequential loop sets ``tune`` after this call.
+        self._start_chain(tune=True)
+
+    def step(self, point: PointType) -> tuple[PointType, StatsType]:
+        """Take a step; the ``warning`` stat carries a worker process's warnings to the parent."""
+        point, stats = super().step(point)
+        stats[0]["warning"] = relayed_warnings()
+        return point, stats
 
     def _sync_data(self) -> None:
         if self.oracles.refresh_data():
@@ -131,6 +159,19 @@ class SubsampleStepBase(ArrayStepShared):
 
     def _rebuild_for_data(self) -> None:
         """Rebuild what depends on the data after ``pm.set_data`` (a subclass extends this)."""
+
+    def _start_chain(self, tune: bool) -> None:
+        """Start a chain from the step's initial tuning state, as a fresh step would.
+
+        PyMC's sequential loop calls ``reset_tuning`` after ``setup_chain``, but its parallel
+        path does not: a step reused after an earlier ``pm.sample`` (``tune`` off, scale
+        adapted, warnings given) would otherwise be pickled into the workers in that state and
+        sample a new chain without tuning.
+        """
+        self.tune = tune
+        reset_tuning = getattr(self, "reset_tuning", None)
+        if reset_tuning is not None:
+            reset_tuning()
 
     @staticmethod
     def competence(var: Variable, has_grad: bool) -> Competence:
@@ -214,12 +255,10 @@ class SubsampleMetropolisBase(SubsampleStepBase):
         self.steps_until_tune = self.tune_interval
         self.accepted_since_tune = 0
         if self.batch_size >= self.oracles.n_rows:
-            warnings.warn(
+            warn_user(
                 f"batch_size={self.batch_size} >= N={self.oracles.n_rows} rows: every test uses "
                 "all rows and is the exact test, without subsampling. Use a smaller batch_size "
                 "to subsample.",
-                SubsampleWarning,
-                stacklevel=3,
             )
 
     def _rebuild_for_data(self) -> None:
@@ -250,13 +289,11 @@ class SubsampleMetropolisBase(SubsampleStepBase):
             reference = reference_vector(reference_point, self.vars, self._initial_point)
         control = ControlVariate(self.oracles, reference, self.temperature)
         if control.n_clipped:
-            warnings.warn(
+            warn_user(
                 f"The log posterior's Hessian at the reference point has {control.n_clipped} "
                 "non-negative eigenvalue(s): the point is not near a mode, so the Laplace "
                 "proposal covariance was clipped and the Taylor proxies will be poor. Use "
                 "pms.find_reference_point or pass proposal_cov.",
-                SubsampleWarning,
-                stacklevel=4,
             )
         return control
 
@@ -419,10 +456,8 @@ def _warn_row_length_deterministics(
         if len(shape) > 0 and shape[0] == n_rows
     ]
     if long:
-        warnings.warn(
+        warn_user(
             f"Deterministics {long} have one entry per row; PyMC evaluates them in full at every "
             "recorded draw, which costs O(N) whatever the step does. Leave them out with "
             "pm.sample(var_names=[...]) and compute them afterwards if needed.",
-            SubsampleWarning,
-            stacklevel=4,
         )

@@ -4,15 +4,15 @@ After tuning, each chain tracks the share of draws whose test fell back to all N
 control variates, the excess kurtosis of the residuals of each test's first batch. Both are
 checked at the end of the chain when PyMC says how many draws it will make (PyMC 6's
 ``setup_chain``), and otherwise (PyMC 5) after every ``CHECK_EVERY`` draws; each warning is given
-at most once per chain.
+at most once per chain, at the user's ``pm.sample`` line (from a worker process through the
+``warning`` stat: ``warning_relay``).
 """
 
 from __future__ import annotations
 
 import math
-import warnings
 
-from pymc_subsample.warnings import SubsampleWarning
+from pymc_subsample.warnings import warn_user
 
 __all__ = ["CHECK_EVERY", "FALLBACK_LIMIT", "KURTOSIS_LIMIT", "ChainDiagnostics"]
 
@@ -118,4 +118,4 @@ class ChainDiagnostics:
     def _warn(self, key: str, message: str) -> None:
         if key not in self.warned:
             self.warned.add(key)
-            warnings.warn(message, SubsampleWarning, stacklevel=2)
+            warn_user(message, topic=f"ChainDiagnostics.{key}")
