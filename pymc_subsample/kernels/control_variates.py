@@ -24,9 +24,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from scipy.linalg import eigh
 from scipy.stats import chi2
-
-from pymc_subsample.kernels.optimizer import clipped_spectrum
 
 __all__ = [
     "TaylorProxy",
@@ -79,30 +78,38 @@ def laplace_covariance(
     """Covariance of the Laplace approximation at the reference point.
 
     The precision is ``P = -(H / T + H_prior)``, the negative Hessian of the (tempered) log
-    posterior. Where the reference point is not at a mode, some eigenvalues of ``P`` may be
-    zero or negative; they are raised to ``1e-6`` times the largest in absolute value (at least
-    1e-12) so that the covariance stays positive definite, and counted
-    (:func:`~pymc_subsample.kernels.optimizer.clipped_spectrum`).
+    posterior. At a mode it is positive definite, however ill-conditioned (a posterior with
+    precision eigenvalues 4.9 and 6.7e6 is used as it is). Eigenvalues that are not positive
+    beyond rounding (at most ``1e-12`` times the largest in absolute value, about
+    ``1e4 d`` machine epsilons) show the point is not at a mode, or the posterior is flat in
+    some direction; they are counted, and raised to ``max(|lambda|, 1e-6 max|lambda|)`` so
+    that the covariance stays positive definite and bounded.
 
     Returns
     -------
     covariance : ndarray
-        ``P^{-1}`` after clipping, shape (d, d).
+        ``P^{-1}`` after the change, shape (d, d).
     precision : ndarray
-        ``P`` after clipping.
+        ``P`` after the change.
     n_clipped : int
-        Number of eigenvalues that were raised.
+        Number of eigenvalues that were not positive (0 at a mode).
 
     Examples
     --------
     >>> cov, prec, n = laplace_covariance(np.array([[-3.0]]), np.array([[-1.0]]), 1.0)
     >>> float(cov[0, 0]), n
     (0.25, 0)
+    >>> _, prec, n = laplace_covariance(np.diag([-6.7e6, -4.9]), np.zeros((2, 2)), 1.0)
+    >>> prec.diagonal().tolist(), n
+    ([6700000.0, 4.9], 0)
     """
     precision = -(np.asarray(hessian_sum) / temperature + np.asarray(prior_hessian))
-    values, vectors, n_clipped = clipped_spectrum(precision, relative_floor=1e-6)
+    values, vectors = eigh(0.5 * (precision + precision.T))
+    largest = max(float(np.abs(values).max(initial=0.0)), 1e-300)
+    not_positive = values <= 1e-12 * largest
+    values = np.where(not_positive, np.maximum(np.abs(values), 1e-6 * largest), values)
     covariance = (vectors / values) @ vectors.T
-    return covariance, (vectors * values) @ vectors.T, n_clipped
+    return covariance, (vectors * values) @ vectors.T, int(np.count_nonzero(not_positive))
 
 
 def excess_kurtosis(values: np.ndarray) -> float:

@@ -283,6 +283,11 @@ class SubsampleMetropolisBase(SubsampleStepBase):
         if reference_point is None:
             # The sequential-test optimiser, on this step's own oracles (no second compile).
             optimum = optimise_reference(self.oracles, self.oracles.initial_q, rng=self.rng)
+            if optimum.failure is not None:
+                raise ValueError(
+                    f"The step's search for a reference point failed: {optimum.failure}. "
+                    "pms.find_reference_point() names the cause in hierarchical models."
+                )
             self.reference_rows = optimum.n_row_evaluations
             reference = optimum.q
         else:

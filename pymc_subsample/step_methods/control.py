@@ -100,7 +100,17 @@ class ControlVariate:
 def reference_vector(
     reference_point: Any, vars: list[TensorVariable], initial_point: Mapping[str, Any]
 ) -> np.ndarray:
-    """Ravel ``reference_point`` (a dict or a ``ReferencePoint``) in the order of ``vars``."""
+    """Ravel ``reference_point`` (a dict or a ``ReferencePoint``) in the order of ``vars``.
+
+    A ``ReferencePoint`` whose ``failure`` is set (no mode, a funnel, a singular Hessian, or a
+    posterior far from Gaussian there) is refused with that message: the Taylor proxies around
+    it would not hold where the chain goes.
+    """
+    failure = getattr(reference_point, "failure", None)
+    if failure is not None:
+        raise ValueError(
+            f"reference_point is not a usable expansion point for control variates: {failure}."
+        )
     point = getattr(reference_point, "point", reference_point)
     if not isinstance(point, Mapping):
         raise TypeError(
