@@ -32,6 +32,7 @@ from pymc_subsample.model.gradients import (
     summed_gradient_and_hessian,
     with_static_length,
 )
+from pymc_subsample.model.identification import flat_prior_coordinates, warn_if_unidentified
 from pymc_subsample.model.rows import RowLayout, find_row_layout, row_loglik_graph
 from pymc_subsample.warnings import numba_fallbacks_silenced
 
@@ -333,7 +334,19 @@ def build_oracles(
     if proxy_order not in (0, 1, 2):
         raise ValueError(f"proxy_order must be 0, 1 or 2, got {proxy_order!r}.")
     with_gradients = with_gradients or proxy_order > 0
-    if with_gradients and q not in set(ancestors([rows_q])):
+    flat = flat_prior_coordinates(model, vars, initial_point)
+    depends_on_q = q in set(ancestors([rows_q]))
+    if flat and not depends_on_q:
+        one = len(flat) == 1
+        raise ValueError(
+            f"{', '.join(flat)} {'has a flat prior' if one else 'have flat priors'} "
+            "(pm.Flat or pm.HalfFlat) and no row of the likelihood depends on the sampled "
+            f"variables, so {'its' if one else 'their'} posterior is flat and improper: a chain "
+            "would drift without bound. Give "
+            f"{'it a proper prior' if one else 'them proper priors'} (for example "
+            "pm.Normal(name, 0, 10))."
+        )
+    if with_gradients and not depends_on_q:
         names = ", ".join(str(v.name) for v in vars)
         raise ValueError(
             f"No row of the likelihood depends on {names} (only the prior sees them), so there "
@@ -348,9 +361,10 @@ def build_oracles(
                 rows_q, rows_q_old, prior_q, q, q_old, row_inputs, shared, proxy_order, kwargs
             )
         )
-    if with_gradients:
+    if with_gradients or flat:
         scores, batched_inputs = per_row_gradient(rows_q, q, row_inputs)
         gradients["_score_fn"] = _compile([q, *batched_inputs], scores, kwargs)
+    if with_gradients:
         gradients["_prior_grad_fn"] = _compile([q], _prior_gradient(prior_q, q), kwargs)
     q0 = np.concatenate([np.ravel(initial_point[str(v.name)]) for v in vars]).astype("float64")
     tracker = DataTracker(
@@ -372,6 +386,7 @@ def build_oracles(
     )
     full_fn = _compile([q], full_q, kwargs)
     _self_check(oracles, full_fn, q0)
+    warn_if_unidentified(flat, oracles.score_rows, oracles.n_rows, q0)
     return oracles
 
 
