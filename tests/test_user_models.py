@@ -240,3 +240,38 @@ def test_fixed_support_with_parameters_inside_is_accepted():
         pm.Truncated("y", pm.Normal.dist(mu, 1), lower=0, observed=y)
         step = pms.AusterityMH(batch_size=50)
     assert step.n_rows == 300
+
+
+def test_time_series_likelihood_is_refused_in_words():
+    y = np.cumsum(np.random.default_rng(33).normal(size=300))
+    with pm.Model():
+        sigma = pm.HalfNormal("sigma", 1.0)
+        pm.GaussianRandomWalk("y", sigma=sigma, init_dist=pm.Normal.dist(0.0, 10.0), observed=y)
+        with pytest.raises(ValueError, match=r"time series over the rows.*pm.sample\(\) \(NUTS\)"):
+            pms.AusterityMH(batch_size=50)
+
+
+def test_categorical_bound_read_through_a_shape_is_fixed():
+    # pm.OrderedLogistic's bound y <= len(p) - 1 reads p, which depends on the parameters, only
+    # through its shape: a fixed support. Before, the model was refused as if the bound were
+    # free; now its per-row terms are checked against PyMC's at set-up and summed here.
+    rng = np.random.default_rng(34)
+    x = rng.normal(size=300)
+    y = rng.integers(0, 3, size=300)
+    with pm.Model() as model:
+        b = pm.Normal("b", 0.0, 2.0)
+        cutpoints = pm.Normal(
+            "cutpoints",
+            0.0,
+            5.0,
+            shape=2,
+            transform=pm.distributions.transforms.ordered,
+            initval=np.array([-1.0, 1.0]),
+        )
+        pm.OrderedLogistic("y", eta=b * x, cutpoints=cutpoints, observed=y, compute_p=False)
+        step = pms.AusterityMH(batch_size=50)
+    point = model.initial_point()
+    q = step.oracles.initial_q
+    rows = step.oracles.loglik_rows(q, np.arange(300, dtype="int64"))
+    expected = model.compile_logp(vars=[model["y"]], sum=False)(point)[0]
+    np.testing.assert_allclose(rows, expected, rtol=1e-10)

@@ -15,6 +15,7 @@ from pytensor.graph.basic import Constant, Variable
 from pytensor.graph.traversal import ancestors
 from pytensor.scalar.basic import Switch
 from pytensor.tensor.elemwise import DimShuffle, Elemwise
+from pytensor.tensor.shape import Shape, Shape_i
 from pytensor.tensor.variable import TensorVariable
 
 __all__ = [
@@ -95,9 +96,12 @@ def check_one_term_per_row(term: TensorVariable, rv_name: str) -> None:
     if term.ndim == 0:
         raise ValueError(
             f"The log-likelihood of {rv_name!r} is a single summed value, not one term per "
-            "row, so it cannot be evaluated on a subset of rows. If it is a pm.CustomDist, make "
-            "its logp return the elementwise terms (no pt.sum over the rows); if it is a "
-            "pm.Potential-style likelihood, write it as an observed distribution."
+            "row, so it cannot be evaluated on a subset of rows. A time series over the rows "
+            "(pm.AR, pm.GaussianRandomWalk, pm.GARCH11, ...), whose terms depend on the previous "
+            "rows, cannot be subsampled: sample it with pm.sample() (NUTS). If it is a "
+            "pm.CustomDist, make its logp return the elementwise terms (no pt.sum over the "
+            "rows); if it is a pm.Potential-style likelihood, write it as an observed "
+            "distribution."
         )
 
 
@@ -124,7 +128,7 @@ def check_support_is_fixed(
         condition, if_true, if_false = node.inputs
         if not (_is_minus_inf(if_true) or _is_minus_inf(if_false)):
             continue
-        inputs_of_condition = set(ancestors([condition]))
+        inputs_of_condition = _value_ancestors(condition)
         bound_params = sorted(str(parameters[p].name) for p in params & inputs_of_condition)
         if bound_params and rows & inputs_of_condition:
             raise ValueError(
@@ -136,6 +140,26 @@ def check_support_is_fixed(
                 "bounds do not depend on parameters (for Uniform(0, theta), the likelihood "
                 "depends on the data only through max(y))."
             )
+
+
+def _value_ancestors(variable: Variable) -> set[Variable]:
+    """Return the variables whose values ``variable`` reads (``shape(x)`` does not read ``x``).
+
+    Categorical's bound ``y <= shape(p)[-1] - 1`` is fixed even when ``p`` is computed from
+    parameters (``pm.OrderedLogistic``); walking into the ``Shape`` would call it a bound that
+    depends on them.
+    """
+    seen: set[Variable] = set()
+    stack = [variable]
+    while stack:
+        current = stack.pop()
+        if current in seen:
+            continue
+        seen.add(current)
+        node = current.owner
+        if node is not None and not isinstance(node.op, Shape | Shape_i):
+            stack.extend(node.inputs)
+    return seen
 
 
 def _is_minus_inf(variable: Variable) -> bool:
