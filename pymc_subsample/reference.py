@@ -50,9 +50,10 @@ _ARMIJO = 1e-4
 _MAX_HALVINGS = 40
 #: Rows per chunk of the full-data log posterior.
 _CHUNK = 8192
-#: Smallest over largest eigenvalue of the negative Hessian below which it counts as singular:
-#: rounding leaves about 1e-13 on exactly flat directions, and a well-identified but
-#: ill-conditioned posterior (condition number 1e6 to 1e8) stays well above it.
+#: Smallest over largest eigenvalue of the negative Hessian in correlation form (units removed,
+#: ``newton_curvature``) below which it counts as singular: rounding leaves about 1e-15 on
+#: exactly flat directions, and a well-identified but ill-conditioned posterior stays well above
+#: it (kilpisjarvi's uncentred years: condition number 1e12, correlation-form ratio 1e-5).
 _SINGULAR = 1e-10
 #: Draws of the Laplace check, and the largest sd of its log importance weights accepted.
 _LAPLACE_DRAWS = 10
@@ -386,9 +387,9 @@ def _failure(
     if last is not None and abs(last.smallest_ratio) <= _SINGULAR and decrement <= d:
         return (
             "the log posterior's Hessian at the point found is singular (smallest eigenvalue "
-            f"{last.smallest_ratio:.2g} of the largest): the data do not identify some "
-            "parameters and, with flat priors, the posterior is improper (no mode, and chains "
-            "drift without bound). Give every parameter a proper prior"
+            f"{last.smallest_ratio:.2g} of the largest, units removed): the data do not "
+            "identify some parameters and, with flat priors, the posterior is improper (no "
+            "mode, and chains drift without bound). Give every parameter a proper prior"
         )
     if converged:
         return None

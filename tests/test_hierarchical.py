@@ -55,8 +55,14 @@ def test_newton_curvature_climbs_at_a_saddle():
     matrix = rotation @ np.diag([4.0, -1.0]) @ rotation.T
     out = newton_curvature(matrix)
     assert out.n_modified == 1
-    assert out.smallest_ratio == pytest.approx(-0.25)
-    np.testing.assert_allclose(out.precision, rotation @ np.diag([4.0, 1.0]) @ rotation.T)
+    # |eigenvalues| are taken in correlation form S = D^-1/2 M D^-1/2 (units removed).
+    root = np.sqrt(np.abs(np.diag(matrix)))
+    values, vectors = np.linalg.eigh(matrix / np.outer(root, root))
+    assert out.smallest_ratio < 0
+    assert out.smallest_ratio == pytest.approx(values[0] / np.abs(values).max())
+    absolute = (vectors * np.abs(values)) @ vectors.T
+    np.testing.assert_allclose(out.precision, np.outer(root, root) * absolute)
+    assert np.all(np.linalg.eigvalsh(out.precision) > 0)
     gradient = np.array([1.0, -2.0])
     assert gradient @ np.linalg.solve(out.precision, gradient) > 0
     assert newton_curvature(np.diag([4.0, 1.0])).n_modified == 0

@@ -275,3 +275,20 @@ def test_categorical_bound_read_through_a_shape_is_fixed():
     rows = step.oracles.loglik_rows(q, np.arange(300, dtype="int64"))
     expected = model.compile_logp(vars=[model["y"]], sum=False)(point)[0]
     np.testing.assert_allclose(rows, expected, rtol=1e-10)
+
+
+def test_uncentred_regression_has_a_usable_reference_point():
+    # Years near 4000 as the predictor (posteriordb's kilpisjarvi): the negative Hessian has a
+    # condition number of about 1e12, yet the posterior is proper and well identified. The
+    # singularity test used to compare raw eigenvalues and refused it as improper; in
+    # correlation form its smallest eigenvalue is about 1e-5, far above the 1e-10 threshold.
+    rng = np.random.default_rng(35)
+    years = np.arange(3952.0, 4014.0)
+    y = 9.3 + 0.02 * (years - years.mean()) + rng.normal(0.0, 1.0, size=years.size)
+    with pm.Model():
+        alpha = pm.Normal("alpha", 9.3, 100.0)
+        beta = pm.Normal("beta", 0.0, 1.0 / 30.0)
+        sigma = pm.HalfFlat("sigma")
+        pm.Normal("y", alpha + beta * years, sigma, observed=y)
+        ref = pms.find_reference_point(random_seed=1)
+    assert ref.failure is None

@@ -75,30 +75,41 @@ def newton_curvature(matrix: np.ndarray, relative_floor: float = 1e-8) -> Curvat
     scale to 1e133. The floor (``relative_floor`` times the largest ``|lambda|``) only guards
     directions of (numerically) zero curvature.
 
+    The eigenvalues are those of the correlation form ``S = D^{-1/2} M D^{-1/2}``,
+    ``D = |diag M|`` (the result is ``D^{1/2} S' D^{1/2}``): the parameters' units do not
+    count. A regression on years near 4000 has a condition number of 1e12, which a floor on
+    raw eigenvalues would take for a flat direction; in correlation form its smallest
+    eigenvalue is about 1e-5. The scaling keeps the signs (Sylvester's law of inertia).
+
     Returns
     -------
     Curvature
-        The precision, how many eigenvalues were not above the floor as given (the matrix was
-        not negative-definite-safe there: 0 means it was used as is), and the smallest
-        eigenvalue over the largest absolute one, before the change (negative at a saddle,
-        about 0 where the posterior is flat in some direction).
+        The precision, how many eigenvalues of ``S`` were not above the floor (0: the matrix
+        was used as is), and the smallest eigenvalue of ``S`` over its largest absolute one
+        (negative at a saddle, about 0 where the posterior is flat in some direction).
 
     Examples
     --------
     >>> out = newton_curvature(np.diag([2.0, -1.0]), relative_floor=0.25)
     >>> out.precision.diagonal().tolist(), out.n_modified, out.smallest_ratio
-    ([2.0, 1.0], 1, -0.5)
+    ([2.0, 1.0], 1, -1.0)
     """
     symmetric = 0.5 * (matrix + matrix.T)
-    values, vectors = eigh(symmetric)
-    largest = max(float(np.abs(values).max(initial=0.0)), 1e-300)
+    if symmetric.size == 0:
+        return Curvature(symmetric, 0, 1.0)
+    diagonal = np.abs(np.diag(symmetric))
+    # A parameter with no curvature at all is measured in the units of the largest one.
+    diagonal = np.where(diagonal > 0, diagonal, max(float(diagonal.max()), 1.0))
+    root = np.sqrt(diagonal)
+    values, vectors = eigh(symmetric / np.outer(root, root))
+    largest = max(float(np.abs(values).max()), 1e-300)
     floor = relative_floor * largest
     n_modified = int(np.count_nonzero(values <= floor))
-    ratio = float(values.min()) / largest if values.size else 1.0
+    ratio = float(values.min()) / largest
     if n_modified == 0:
         return Curvature(symmetric, 0, ratio)
-    modified = np.maximum(np.abs(values), floor if floor > 0 else 1.0)
-    return Curvature((vectors * modified) @ vectors.T, n_modified, ratio)
+    modified = np.maximum(np.abs(values), floor)
+    return Curvature(np.outer(root, root) * ((vectors * modified) @ vectors.T), n_modified, ratio)
 
 
 def direction_test(
