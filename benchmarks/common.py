@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import platform
+import resource
+import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -103,3 +105,29 @@ def write_json(name: str, payload: dict[str, Any]) -> Path:
     path.write_text(json.dumps({"machine": machine(), **payload}, indent=2) + "\n")
     print(f"wrote {path}")
     return path
+
+
+def run_limited(
+    command: list[str], *, timeout_s: float, memory_bytes: int, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str] | None:
+    """Run ``command`` in a child process under a wall-clock and an address-space limit.
+
+    Returns the finished process (stdout and stderr captured as text), or None when it ran
+    past ``timeout_s`` and was killed.
+    """
+
+    def limit_memory() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
+
+    try:
+        return subprocess.run(
+            command,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            preexec_fn=limit_memory,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return None

@@ -22,12 +22,13 @@ import json
 import os
 import platform
 import resource
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from common import run_limited
 
 RESULTS = Path(__file__).parent / "results" / "setup_time_dims.json"
 CASES = ("dims", "frozen", "dims_before_fix")
@@ -78,26 +79,13 @@ def worker(case: str) -> None:
     print(json.dumps({"seconds": round(seconds, 2), "peak_rss_gb": round(peak_gb, 2)}))
 
 
-def _cap_memory() -> None:
-    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_CAP, MEMORY_CAP))
-
-
 def run_case(case: str, compiledir: str, timeout: float) -> dict[str, Any]:
     """Run one case in a subprocess with a time limit and a memory cap."""
     env = {**os.environ, "PYTENSOR_FLAGS": f"base_compiledir={compiledir}"}
     command = [sys.executable, __file__, "--worker", case]
     start = time.perf_counter()
-    try:
-        done = subprocess.run(
-            command,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            preexec_fn=_cap_memory,
-            check=False,
-        )
-    except subprocess.TimeoutExpired:
+    done = run_limited(command, timeout_s=timeout, memory_bytes=MEMORY_CAP, env=env)
+    if done is None:
         return {"seconds": None, "status": f"timed out after {timeout:.0f} s"}
     if done.returncode != 0:
         tail = done.stderr.strip().splitlines()[-1:] or ["(no message)"]
