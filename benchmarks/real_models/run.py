@@ -3,7 +3,7 @@
 Each (model, configuration) runs in its own process under a time and memory limit, and the
 results go to ``benchmarks/results/real_models.json`` and ``.md``:
 
-    python benchmarks/real_models/run.py                    # everything (about 20 minutes)
+    python benchmarks/real_models/run.py                    # everything (about 11 minutes)
     python benchmarks/real_models/run.py --models arK-arK --configs austerity-taylor2
 
 Per run: status (ok / refused / error / timeout), max over parameters of |mean error| / reference
