@@ -319,7 +319,9 @@ def test_chain_diagnostics_warn_once_per_problem():
     diagnostics.reset(draws=50)
     with pytest.warns(pms.SubsampleWarning) as record:
         for i in range(50):
-            diagnostics.record(full_data=i % 2 == 0, kurtosis=500.0)
+            diagnostics.record(
+                full_data=i % 2 == 0, kurtosis=500.0, n_data=1000 if i % 2 == 0 else 100
+            )
     messages = [str(w.message) for w in record]
     assert len(messages) == 2
     assert any("50% of 50 draws" in m for m in messages)
@@ -329,7 +331,7 @@ def test_chain_diagnostics_warn_once_per_problem():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         for _ in range(2000):
-            quiet.record(full_data=False, kurtosis=20.0)
+            quiet.record(full_data=False, kurtosis=20.0, n_data=100)
 
 
 def test_exact_austerity_test_does_not_warn_about_full_data():

@@ -7,6 +7,8 @@ at an earlier stage: ``n_data == N`` on 38.6% of Austerity's draws and 89.9% of 
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pymc as pm
 import pytest
@@ -47,7 +49,25 @@ def test_fallback_advice_matches_the_configuration(control_variate):
     diagnostics.reset(10)
     with pytest.warns(pms.SubsampleWarning) as record:
         for _ in range(10):
-            diagnostics.record(True, float("nan"))
+            diagnostics.record(True, float("nan"), 1000)
     message = str(record[0].message)
     assert ("turn on control_variate" in message) is not control_variate
     assert ("reference_distance" in message) is control_variate
+
+
+def test_reading_most_rows_without_full_data_fallbacks_is_reported():
+    # A sequential test that stops short of N on every draw but reads 60% of the rows on
+    # average saves little; the fallback share alone (0% here) never said so.
+    from pymc_subsample.step_methods.diagnostics import ChainDiagnostics
+
+    costly = ChainDiagnostics(100, 1000)
+    costly.reset(10)
+    with pytest.warns(pms.SubsampleWarning, match=r"read 600 of the N=1000 rows on average"):
+        for _ in range(10):
+            costly.record(False, float("nan"), 600)
+    cheap = ChainDiagnostics(100, 1000)
+    cheap.reset(10)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", pms.SubsampleWarning)
+        for _ in range(10):
+            cheap.record(False, float("nan"), 400)

@@ -347,7 +347,9 @@ class SubsampleMetropolisBase(SubsampleStepBase):
             if not self.tune and distance_sq > self.control.limit:
                 self.diagnostics.warn_far(distance_sq, self.control.limit)
         if not self.tune:
-            self.diagnostics.record(bool(stats["full_data"]), stats["residual_kurtosis"])
+            self.diagnostics.record(
+                bool(stats["full_data"]), stats["residual_kurtosis"], int(stats["n_data"])
+            )
         return RaveledVars(q, q0.point_map_info), [stats]
 
     def _record_tuning_draw(self, q: np.ndarray) -> None:

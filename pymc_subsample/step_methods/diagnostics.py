@@ -1,7 +1,8 @@
 """Per-chain checks of the subsampled MH steps, reported as ``SubsampleWarning``.
 
-After tuning, each chain tracks the share of draws whose test fell back to all N rows and, with
-control variates, the excess kurtosis of the residuals of each test's first batch. Both are
+After tuning, each chain tracks the share of draws whose test fell back to all N rows, the mean
+number of rows a draw read and, with control variates, the excess kurtosis of the residuals of
+each test's first batch. They are
 checked at the end of the chain when PyMC says how many draws it will make (PyMC 6's
 ``setup_chain``), and otherwise (PyMC 5) after every ``CHECK_EVERY`` draws; each warning is given
 at most once per chain, at the user's ``pm.sample`` line (from a worker process through the
@@ -14,10 +15,13 @@ import math
 
 from pymc_subsample.warnings import warn_user
 
-__all__ = ["CHECK_EVERY", "FALLBACK_LIMIT", "KURTOSIS_LIMIT", "ChainDiagnostics"]
+__all__ = ["CHECK_EVERY", "COST_LIMIT", "FALLBACK_LIMIT", "KURTOSIS_LIMIT", "ChainDiagnostics"]
 
 #: Warn when more than this share of the draws after tuning used all rows.
 FALLBACK_LIMIT = 0.1
+#: Warn when the draws after tuning read more than this share of the N rows on average: the run
+#: then costs more than half of what exact Metropolis-Hastings on all rows would.
+COST_LIMIT = 0.5
 #: Warn when the residuals' mean excess kurtosis divided by ``batch_size`` (the excess kurtosis
 #: of a batch mean) exceeds this: the t-test and the Barker CLT assume that mean is Gaussian.
 #: Logistic-regression residuals measured 5 to 17 (batch 100: 0.05 to 0.17), where the
@@ -51,14 +55,19 @@ class ChainDiagnostics:
         self.draws = draws
         self.n_draws = 0
         self.n_full = 0
+        self.rows_read = 0
         self.kurtosis_sum = 0.0
         self.n_kurtosis = 0
         self.warned: set[str] = set()
 
-    def record(self, full_data: bool, kurtosis: float) -> None:
-        """Count a draw after tuning and check when the chain ends (or every CHECK_EVERY draws)."""
+    def record(self, full_data: bool, kurtosis: float, n_data: int) -> None:
+        """Count a draw after tuning and check when the chain ends (or every CHECK_EVERY draws).
+
+        ``n_data`` is the draw's ``n_data`` stat: the rows it read.
+        """
         self.n_draws += 1
         self.n_full += int(full_data)
+        self.rows_read += n_data
         if math.isfinite(kurtosis):
             self.kurtosis_sum += kurtosis
             self.n_kurtosis += 1
@@ -79,16 +88,19 @@ class ChainDiagnostics:
         )
 
     def check(self) -> None:
-        """Warn about a high full-data share or heavy-tailed residuals so far."""
+        """Warn about a high cost (full-data share, rows per draw) or heavy-tailed residuals."""
         if self.n_draws == 0:
             return
         share = self.n_full / self.n_draws
-        if self.warn_fallback and share > FALLBACK_LIMIT:
+        mean_rows = self.rows_read / self.n_draws
+        costly = share > FALLBACK_LIMIT or mean_rows > COST_LIMIT * self.n_rows
+        if self.warn_fallback and costly:
             self._warn(
                 "fallback",
-                f"{share:.0%} of {self.n_draws} draws after tuning used all N={self.n_rows} "
-                "rows (stat 'full_data'): the subsampled test gained little. "
-                + self._fallback_advice(),
+                f"Draws after tuning read {mean_rows:.0f} of the N={self.n_rows} rows on average "
+                f"({mean_rows / self.n_rows:.0%}, stat 'n_data'), and {share:.0%} of "
+                f"{self.n_draws} draws used all N={self.n_rows} rows (stat 'full_data'): the "
+                "subsampled test gained little. " + self._fallback_advice(),
             )
         if self.n_kurtosis:
             kurtosis = self.kurtosis_sum / self.n_kurtosis
