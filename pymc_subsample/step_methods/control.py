@@ -91,6 +91,10 @@ class ControlVariate:
 
         return rows
 
+    def laplace_draw(self, rng: np.random.Generator) -> np.ndarray:
+        """Draw from the Laplace approximation ``N(q*, covariance)``: a start for a chain."""
+        return rng.multivariate_normal(self.proxy.reference, self.covariance, method="eigh")
+
     def distance_sq(self, q: np.ndarray) -> float:
         """``(q - q*)^T P (q - q*)``: about chi-square(d) under the Laplace approximation."""
         offset = q - self.proxy.reference
