@@ -30,6 +30,7 @@ __all__ = [
     "MAX_ROWS",
     "SINGULAR",
     "flat_prior_coordinates",
+    "refuse_flat_priors_outside_the_likelihood",
     "unidentified_coordinates",
     "warn_if_unidentified",
 ]
@@ -72,6 +73,31 @@ def flat_prior_coordinates(
             coordinates[str(rv.name)] = np.arange(offset, offset + size)
         offset += size
     return coordinates
+
+
+def refuse_flat_priors_outside_the_likelihood(coordinates: Mapping[str, np.ndarray]) -> None:
+    """Refuse flat-prior variables of a step whose variables no row of the likelihood reads.
+
+    Parameters
+    ----------
+    coordinates : mapping
+        From :func:`flat_prior_coordinates`; nothing is done when empty.
+
+    Raises
+    ------
+    ValueError
+        Naming the variables: their posterior is their flat prior, which is improper.
+    """
+    if not coordinates:
+        return
+    one = len(coordinates) == 1
+    raise ValueError(
+        f"{', '.join(coordinates)} {'has a flat prior' if one else 'have flat priors'} "
+        "(pm.Flat or pm.HalfFlat) and no row of the likelihood depends on the sampled "
+        f"variables, so {'its' if one else 'their'} posterior is flat and improper: a chain "
+        f"would drift without bound. Give {'it a proper prior' if one else 'them proper priors'}"
+        " (for example pm.Normal(name, 0, 10))."
+    )
 
 
 def unidentified_coordinates(fisher: np.ndarray, labels: Sequence[str]) -> list[str]:

@@ -32,7 +32,11 @@ from pymc_subsample.model.gradients import (
     summed_gradient_and_hessian,
     with_static_length,
 )
-from pymc_subsample.model.identification import flat_prior_coordinates, warn_if_unidentified
+from pymc_subsample.model.identification import (
+    flat_prior_coordinates,
+    refuse_flat_priors_outside_the_likelihood,
+    warn_if_unidentified,
+)
 from pymc_subsample.model.rows import RowLayout, find_row_layout, row_loglik_graph
 from pymc_subsample.warnings import numba_fallbacks_silenced
 
@@ -336,16 +340,8 @@ def build_oracles(
     with_gradients = with_gradients or proxy_order > 0
     flat = flat_prior_coordinates(model, vars, initial_point)
     depends_on_q = q in set(ancestors([rows_q]))
-    if flat and not depends_on_q:
-        one = len(flat) == 1
-        raise ValueError(
-            f"{', '.join(flat)} {'has a flat prior' if one else 'have flat priors'} "
-            "(pm.Flat or pm.HalfFlat) and no row of the likelihood depends on the sampled "
-            f"variables, so {'its' if one else 'their'} posterior is flat and improper: a chain "
-            "would drift without bound. Give "
-            f"{'it a proper prior' if one else 'them proper priors'} (for example "
-            "pm.Normal(name, 0, 10))."
-        )
+    if not depends_on_q:
+        refuse_flat_priors_outside_the_likelihood(flat)
     if with_gradients and not depends_on_q:
         names = ", ".join(str(v.name) for v in vars)
         raise ValueError(

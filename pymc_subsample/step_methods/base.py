@@ -169,9 +169,11 @@ class SubsampleStepBase(ArrayStepShared):
         sample a new chain without tuning.
         """
         self.tune = tune
-        reset_tuning = getattr(self, "reset_tuning", None)
-        if reset_tuning is not None:
-            reset_tuning()
+        self.reset_tuning()
+
+    @abstractmethod
+    def reset_tuning(self) -> None:
+        """Return to the step's state before any tuning, for a new chain."""
 
     @staticmethod
     def competence(var: Variable, has_grad: bool) -> Competence:
