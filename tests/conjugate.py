@@ -204,3 +204,20 @@ def gaussian_draws_pvalues(draws: np.ndarray, mean: float, sd: float) -> dict[st
         "scale": float(2 * min(chi2.cdf(squares, z.size), chi2.sf(squares, z.size))),
         "location": float(2 * norm.sf(abs(z.sum()) / np.sqrt(z.size))),
     }
+
+
+def assert_stays_at_posterior(
+    step: Any, post_mean: float, post_sd: float, seed: int, label: str = "posterior's"
+) -> None:
+    """300 chains started at exact N(post_mean, post_sd^2) draws stay there after 5 steps.
+
+    A stationary kernel keeps the end states i.i.d. from the start law; each of the three
+    p-values of :func:`gaussian_draws_pvalues` must exceed 1e-5 (false failure below 3e-5).
+    """
+    starts = post_mean + post_sd * np.random.default_rng(seed).standard_normal(300)
+    ends = step_end_states(step, starts, 5)[:, 0]
+    pvalues = gaussian_draws_pvalues(ends, post_mean, post_sd)
+    assert min(pvalues.values()) > 1e-5, (
+        f"p-values {pvalues}; end-state mean {(ends.mean() - post_mean) / post_sd:+.2f} sds "
+        f"from the {label}, sd ratio {ends.std() / post_sd:.2f}"
+    )

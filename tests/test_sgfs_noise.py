@@ -11,6 +11,8 @@ one standard normal for every coordinate (``noise_factor * z[0]``), each fail he
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 from scipy.stats import chi2, norm
@@ -28,18 +30,24 @@ def _preconditioner(kind: str, diagonal: bool) -> np.ndarray | None:
     return np.diag(full).copy() if diagonal else full
 
 
+def _case(diagonal: bool, kind: str, step_size: float) -> tuple[np.ndarray, Any, np.ndarray]:
+    """One case's Fisher information, its SGFS factors, and the preconditioner B they use."""
+    fisher = np.diag(FISHER).copy() if diagonal else FISHER
+    given = _preconditioner(kind, diagonal)
+    factors = sgfs_factors(fisher, N_ROWS, BATCH, step_size, given)
+    preconditioner = sgfs_gamma(N_ROWS, BATCH) * N_ROWS * fisher if given is None else given
+    return fisher, factors, preconditioner
+
+
 @pytest.mark.parametrize("diagonal", [True, False])
 @pytest.mark.parametrize("kind", ["default", "given"])
 def test_factors_match_closed_form(diagonal, kind):
     # Exact: F F^T = 4 B / eps with B = gamma N I_hat by default (gamma = (N + n) / n = 11),
     # and M = gamma N I_hat + 4 B / eps; diagonal SGFS keeps the diagonals of both.
     step_size = 0.5
-    fisher = np.diag(FISHER).copy() if diagonal else FISHER
-    given = _preconditioner(kind, diagonal)
-    factors = sgfs_factors(fisher, N_ROWS, BATCH, step_size, given)
+    fisher, factors, preconditioner = _case(diagonal, kind, step_size)
     gamma = sgfs_gamma(N_ROWS, BATCH)
     assert gamma == 11.0
-    preconditioner = gamma * N_ROWS * fisher if given is None else given
     noise_cov = 4.0 * preconditioner / step_size
     precision = gamma * N_ROWS * fisher + noise_cov
     if diagonal:
@@ -68,11 +76,8 @@ def test_one_update_has_the_exact_gaussian_law(diagonal, kind):
     # probability 1/2 and one off by 6% almost surely; likewise a correlation of 0.053 between
     # whitened coordinates, or a mean off by 0.053 noise sds.
     step_size = 0.5
-    fisher = np.diag(FISHER).copy() if diagonal else FISHER
-    given = _preconditioner(kind, diagonal)
-    factors = sgfs_factors(fisher, N_ROWS, BATCH, step_size, given)
+    fisher, factors, preconditioner = _case(diagonal, kind, step_size)
     gamma = sgfs_gamma(N_ROWS, BATCH)
-    preconditioner = gamma * N_ROWS * fisher if given is None else given
     if diagonal:
         preconditioner, fisher = np.diag(preconditioner), np.diag(fisher)
     precision = gamma * N_ROWS * fisher + 4.0 * preconditioner / step_size
