@@ -284,7 +284,7 @@ def test_control_variate_bad_input(small_regression):
         with pytest.raises(ValueError, match="recenter"):
             pms.AusterityMH(control_variate="taylor1", recenter="always")
         with pytest.raises(ValueError, match="control_variate='taylor1'"):
-            pms.MinibatchBarkerMH(reference_point={"beta": np.zeros(3)})
+            pms.MinibatchBarkerMH(control_variate=None, reference_point={"beta": np.zeros(3)})
         with pytest.raises(ValueError, match="no value for 'beta'"):
             pms.AusterityMH(control_variate="taylor1", reference_point={"b": np.zeros(3)})
         with pytest.raises(ValueError, match="shape"):
@@ -340,11 +340,15 @@ def test_exact_austerity_test_does_not_warn_about_full_data():
     # 1,000 draws: on PyMC 5 the share is checked every 1,000 draws (CHECK_EVERY).
     X, y = linear_regression_data(2_000)
     with linear_regression_model(X, y):
-        exact = pms.AusterityMH(error_tolerance=0.0, batch_size=1000, scaling=0.1)
+        exact = pms.AusterityMH(
+            error_tolerance=0.0, batch_size=1000, scaling=0.1, control_variate=None
+        )
         with warnings.catch_warnings():
             warnings.simplefilter("error", pms.SubsampleWarning)
             pm.sample(draws=1000, tune=0, chains=1, step=exact, random_seed=1, **SAMPLE)
-        sequential = pms.AusterityMH(error_tolerance=0.001, batch_size=1000, scaling=0.1)
+        sequential = pms.AusterityMH(
+            error_tolerance=0.001, batch_size=1000, scaling=0.1, control_variate=None
+        )
         with pytest.warns(pms.SubsampleWarning, match="used all N=2000 rows"):
             pm.sample(draws=1000, tune=0, chains=1, step=sequential, random_seed=1, **SAMPLE)
 

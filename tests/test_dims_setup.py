@@ -18,6 +18,7 @@ import pytest
 from pymc.model.transform.optimization import freeze_dims_and_data
 from pytensor.compile.mode import Mode
 
+from pymc_subsample.model.compiled import LazyFunction
 from pymc_subsample.model.oracles import ModelOracles, build_oracles
 
 N_ROWS, N_FEATURES = 300, 3
@@ -85,13 +86,21 @@ def dims_oracles() -> ModelOracles:
     model = dims_model()
     assert model.rvs_to_values[model["beta"]].type.shape == (None,)  # dims: symbolic length
     with time_limit(120):  # before the fix: never finished on PyTensor 2.38
-        return oracles_for(model, proxy_order=2)
+        oracles = oracles_for(model, proxy_order=2)
+        for function in _control_variate_functions(oracles):
+            function.compile()  # functions compile at first use: compile them here, timed
+        return oracles
+
+
+def _control_variate_functions(oracles: ModelOracles) -> tuple[LazyFunction, ...]:
+    functions = oracles._functions
+    return (functions.rows, functions.residual[2], functions.sums)
 
 
 def test_dims_model_parameter_vectors_have_static_length(dims_oracles):
     # Before the fix (PyTensor 3, which did not stall): every q input had shape (None,).
-    for function in (dims_oracles._rows_fn, dims_oracles._residual_fn, dims_oracles._sums_fn):
-        q_input = function.maker.fgraph.inputs[0]
+    for function in _control_variate_functions(dims_oracles):
+        q_input = function.compile().maker.fgraph.inputs[0]
         assert q_input.type.shape == (1 + N_FEATURES,)
 
 

@@ -23,9 +23,12 @@ SAMPLE = {"progressbar": False, "compute_convergence_checks": False}
     "make_step",
     [
         pytest.param(
-            lambda: pms.AusterityMH(error_tolerance=0.001, batch_size=100), id="austerity"
+            lambda: pms.AusterityMH(error_tolerance=0.001, batch_size=100, control_variate=None),
+            id="austerity",
         ),
-        pytest.param(lambda: pms.MinibatchBarkerMH(batch_size=100), id="barker"),
+        pytest.param(
+            lambda: pms.MinibatchBarkerMH(batch_size=100, control_variate=None), id="barker"
+        ),
     ],
 )
 def test_full_data_exactly_when_every_row_was_read(make_step):

@@ -118,7 +118,9 @@ def test_numba_object_mode_warnings_do_not_leak():
         pm.Normal("y", pt.polygamma(2, 2.0 + a**2), 1.0, observed=y)
     with model, warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        step = pms.AusterityMH(batch_size=40, compile_kwargs={"mode": "NUMBA"})
+        step = pms.AusterityMH(
+            batch_size=40, compile_kwargs={"mode": "NUMBA"}, control_variate=None
+        )
         pm.sample(draws=3, tune=3, chains=1, step=step, **SAMPLE)
     assert not [w for w in caught if "object mode" in str(w.message)]
     # Our own warnings still pass, at the user's line.

@@ -8,14 +8,15 @@ each step (``make_shared_replacements``).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any, cast
 
 import numpy as np
 import pytensor
 from pymc.model import Model
-from pymc.pytensorf import compile as compile_pytensor
 from pymc.pytensorf import join_nonshared_inputs, make_shared_replacements
 from pymc.vartypes import discrete_types
 from pytensor.compile.sharedvalue import SharedVariable
@@ -26,6 +27,7 @@ from pytensor.graph.traversal import ancestors
 from pytensor.tensor.variable import TensorConstant, TensorVariable
 
 from pymc_subsample.model.checks import check_no_imputed_rows, check_no_per_row_latents
+from pymc_subsample.model.compiled import GraphBuilder, LazyFunction
 from pymc_subsample.model.gradients import (
     per_row_gradient,
     per_row_proxy_terms,
@@ -38,12 +40,59 @@ from pymc_subsample.model.identification import (
     warn_if_unidentified,
 )
 from pymc_subsample.model.rows import RowLayout, find_row_layout, row_loglik_graph
-from pymc_subsample.warnings import numba_fallbacks_silenced
 
-__all__ = ["DataTracker", "ModelOracles", "build_oracles", "check_continuous"]
+__all__ = [
+    "DataTracker",
+    "ModelFunctions",
+    "ModelOracles",
+    "build_oracles",
+    "check_continuous",
+]
 
 #: Fixed seed of the construction-time self-check (deterministic, not a statistical test).
 _SELF_CHECK_SEED = 20140614
+
+
+@dataclass(frozen=True)
+class ModelFunctions:
+    """The compiled functions of one model and set of step variables, shared by every user.
+
+    Built once per (model, variables, row dimension, compile options) and process by
+    :func:`build_oracles`; each function compiles at its first call (:class:`LazyFunction`).
+
+    Attributes
+    ----------
+    layout : RowLayout
+        Which observed variables were subsampled and which are evaluated in full.
+    shared : dict
+        Shared variables standing for model variables the step does not sample.
+    rows_depend_on_q : bool
+        Whether some row's log-likelihood depends on the sampled variables (per-row gradients
+        exist only then).
+    other_variables_in_rows : tuple of str
+        Free variables the step does not sample that the row log-likelihood reads.
+    """
+
+    layout: RowLayout
+    shared: dict[Variable, Variable]
+    rows_depend_on_q: bool
+    other_variables_in_rows: tuple[str, ...]
+    prior: LazyFunction
+    prior_ratio: LazyFunction
+    rows: LazyFunction
+    ratio: LazyFunction
+    full_rows: LazyFunction
+    score: LazyFunction
+    prior_grad: LazyFunction
+    residual: dict[int, LazyFunction]
+    sums: LazyFunction
+    prior_hessian: LazyFunction
+    row_data: tuple[Variable, ...]
+    data: tuple[SharedVariable, ...]
+    frozen: tuple[tuple[SharedVariable, SharedVariable], ...]
+    flat: dict[str, np.ndarray]
+    #: Reference points found on these functions, by data, start and settings (reference.py).
+    references: dict[tuple[Any, ...], Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -54,29 +103,35 @@ class ModelOracles:
     ----------
     initial_q : ndarray
         The raveled unconstrained initial point the oracles were built at.
-    layout : RowLayout
-        Which observed variables were subsampled and which are evaluated in full.
-    shared : dict
-        Shared variables standing for model variables this step does not sample.
+    proxy_order : int
+        Order of the Taylor proxies of :meth:`residual_ratio_rows` (0 when none are used).
 
     """
 
     initial_q: np.ndarray
-    layout: RowLayout
-    shared: dict[Variable, Variable]
-    _prior_fn: Callable
-    _prior_ratio_fn: Callable
-    _rows_fn: Callable
-    _ratio_fn: Callable
-    _row_data: tuple[Variable, ...]
-    _score_fn: Callable | None = None
-    _prior_grad_fn: Callable | None = None
-    _residual_fn: Callable | None = None
-    _sums_fn: Callable | None = None
-    _prior_hessian_fn: Callable | None = None
-    _frozen: tuple[tuple[SharedVariable, SharedVariable], ...] = ()
+    _functions: ModelFunctions
     proxy_order: int = 0
     _data: DataTracker | None = None
+
+    @property
+    def layout(self) -> RowLayout:
+        """Which observed variables were subsampled and which are evaluated in full."""
+        return self._functions.layout
+
+    @property
+    def shared(self) -> dict[Variable, Variable]:
+        """Shared variables standing for model variables this step does not sample."""
+        return self._functions.shared
+
+    @property
+    def rows_depend_on_q(self) -> bool:
+        """Whether some row's log-likelihood depends on ``q`` (else no per-row gradients)."""
+        return self._functions.rows_depend_on_q
+
+    @property
+    def other_variables_in_rows(self) -> tuple[str, ...]:
+        """Free variables outside ``q`` that the row log-likelihood reads (another step's)."""
+        return self._functions.other_variables_in_rows
 
     @property
     def n_rows(self) -> int:
@@ -91,6 +146,32 @@ class ModelOracles:
         """
         return self._tracker.refresh()
 
+    def data_fingerprint(self) -> tuple[Any, ...]:
+        """Identity and shape of every data array read: equal while the data are unchanged."""
+        return self._tracker.fingerprint()
+
+    def with_proxy_order(self, proxy_order: int) -> ModelOracles:
+        """Return the same oracles (functions, data view) with Taylor proxies of this order."""
+        if proxy_order not in (0, 1, 2):
+            raise ValueError(f"proxy_order must be 0, 1 or 2, got {proxy_order!r}.")
+        return replace(self, proxy_order=proxy_order)
+
+    def state_key(self, q: np.ndarray) -> tuple[Any, ...]:
+        """Return what a result computed from ``q`` depends on: data, ``q``, other variables.
+
+        The other variables are the model variables this step does not sample, at their
+        current values.
+        """
+        others = tuple(
+            np.asarray(live.get_value(borrow=True)).tobytes() for live, _ in self._functions.frozen
+        )
+        return (self.data_fingerprint(), np.asarray(q, dtype="float64").tobytes(), others)
+
+    @property
+    def references(self) -> dict[tuple[Any, ...], Any]:
+        """Reference points found on these oracles' functions, by :meth:`state_key` and settings."""
+        return self._functions.references
+
     @property
     def _tracker(self) -> DataTracker:
         if self._data is None:
@@ -104,31 +185,31 @@ class ModelOracles:
 
     def log_prior(self, q: np.ndarray) -> float:
         """Free-variable log-densities with Jacobians, Potentials, and off-row observed terms."""
-        return float(self._prior_fn(q))
+        return float(self._functions.prior(q))
 
     def log_prior_ratio(self, q_new: np.ndarray, q_old: np.ndarray) -> float:
         """``log_prior(q_new) - log_prior(q_old)`` in one call."""
-        return float(self._prior_ratio_fn(q_new, q_old))
+        return float(self._functions.prior_ratio(q_new, q_old))
 
     def loglik_rows(self, q: np.ndarray, idx: np.ndarray) -> np.ndarray:
         """Per-row log-likelihood of the int64 rows ``idx``; O(len(idx))."""
-        return self._rows_fn(q, *self._gather(idx))
+        return self._functions.rows(q, *self._gather(idx))
 
     def loglik_ratio_rows(
         self, q_new: np.ndarray, q_old: np.ndarray, idx: np.ndarray
     ) -> np.ndarray:
         """Per-row ``loglik_i(q_new) - loglik_i(q_old)`` of the int64 rows ``idx``, in one call."""
-        return self._ratio_fn(q_new, q_old, *self._gather(idx))
+        return self._functions.ratio(q_new, q_old, *self._gather(idx))
 
     def score_rows(self, q: np.ndarray, idx: np.ndarray) -> np.ndarray:
         """Per-row gradients ``d loglik_i / dq`` of the int64 rows ``idx``: shape (len(idx), d)."""
-        return self._gradient("score_rows", self._score_fn)(
+        return self._gradient("score_rows", self._functions.score)(
             q, *[rows[:, None] for rows in self._gather(idx)]
         )
 
     def log_prior_grad(self, q: np.ndarray) -> np.ndarray:
         """Gradient of :meth:`log_prior`."""
-        return self._gradient("log_prior_grad", self._prior_grad_fn)(q)
+        return self._gradient("log_prior_grad", self._functions.prior_grad)(q)
 
     def minibatch_gradient(
         self, q: np.ndarray, rows: np.ndarray, temperature: float = 1.0
@@ -150,9 +231,10 @@ class ModelOracles:
         other model variables frozen at their values at the last :meth:`freeze_shared`, so that
         :meth:`gradient_hessian_sums` sums exactly the proxies subtracted here.
         """
-        return self._gradient("residual_ratio_rows", self._residual_fn)(
-            q_new, q_old, q_ref, *self._gather(idx)
-        )
+        if self.proxy_order not in self._functions.residual:
+            raise RuntimeError("residual_ratio_rows needs build_oracles(..., proxy_order=1 or 2).")
+        residual = self._gradient("residual_ratio_rows", self._functions.residual[self.proxy_order])
+        return residual(q_new, q_old, q_ref, *self._gather(idx))
 
     def gradient_hessian_sums(
         self, q: np.ndarray, idx: np.ndarray | None = None, chunk_size: int = 8192
@@ -162,7 +244,7 @@ class ModelOracles:
         Rows are summed in chunks of ``chunk_size`` rows: O(N) time, O(chunk_size * d)
         memory. Other model variables are read at their frozen values (:meth:`freeze_shared`).
         """
-        sums_fn = self._gradient("gradient_hessian_sums", self._sums_fn)
+        sums_fn = self._gradient("gradient_hessian_sums", self._functions.sums)
         d = self.n_params
         gradient, hessian = np.zeros(d), np.zeros((d, d))
         rows_all = np.arange(self.n_rows) if idx is None else np.asarray(idx, dtype="int64")
@@ -177,31 +259,33 @@ class ModelOracles:
 
     def log_prior_hessian(self, q: np.ndarray) -> np.ndarray:
         """Hessian of :meth:`log_prior` (d x d)."""
-        return self._gradient("log_prior_hessian", self._prior_hessian_fn)(q)
+        return self._gradient("log_prior_hessian", self._functions.prior_hessian)(q)
 
     def freeze_shared(self) -> None:
         """Copy the current values of the variables this step does not sample into the proxies."""
-        for live, frozen in self._frozen:
+        for live, frozen in self._functions.frozen:
             frozen.set_value(np.array(live.get_value(borrow=True), copy=True))
 
     def frozen_values(self) -> list[np.ndarray]:
         """Return copies of the frozen values (see :meth:`freeze_shared`)."""
-        return [np.array(frozen.get_value(), copy=True) for _, frozen in self._frozen]
+        return [np.array(frozen.get_value(), copy=True) for _, frozen in self._functions.frozen]
 
     def set_frozen(self, values: list[np.ndarray]) -> None:
         """Set the frozen copies to ``values`` (as returned by :meth:`frozen_values`)."""
-        for (_, frozen), value in zip(self._frozen, values, strict=True):
+        for (_, frozen), value in zip(self._functions.frozen, values, strict=True):
             frozen.set_value(value)
 
-    @staticmethod
-    def _gradient(name: str, function: Callable | None) -> Callable:
-        if function is None:
-            raise RuntimeError(f"{name} needs build_oracles(..., with_gradients=True).")
+    def _gradient(self, name: str, function: LazyFunction) -> LazyFunction:
+        if not self._functions.rows_depend_on_q:
+            raise RuntimeError(
+                f"{name}: no row of the likelihood depends on the sampled variables, so there "
+                "are no per-row gradients."
+            )
         return function
 
     def _gather(self, idx: np.ndarray) -> list[np.ndarray]:
         # np.take on axis 0 is several times faster than fancy indexing on large arrays.
-        return [np.take(_data_value(data), idx, axis=0) for data in self._row_data]
+        return [np.take(_data_value(data), idx, axis=0) for data in self._functions.row_data]
 
 
 def _data_value(data: Variable) -> np.ndarray:
@@ -225,18 +309,19 @@ class DataTracker:
         self.row_data = row_data
         self.data = data
         self.n_rows = self._row_count()
-        self._seen = self._fingerprint()
+        self._seen = self.fingerprint()
 
     def refresh(self) -> bool:
         """Re-read the row count if any data array was replaced; whether one was."""
-        seen = self._fingerprint()
+        seen = self.fingerprint()
         if seen == self._seen:
             return False
         self.n_rows = self._row_count()
         self._seen = seen
         return True
 
-    def _fingerprint(self) -> tuple[tuple[int, tuple[int, ...]], ...]:
+    def fingerprint(self) -> tuple[tuple[int, tuple[int, ...]], ...]:
+        """Identity and shape of every shared data array (``pm.set_data`` replaces arrays)."""
         values = [data.get_value(borrow=True) for data in self.data]
         return tuple((id(value), np.shape(value)) for value in values)
 
@@ -272,6 +357,13 @@ def check_continuous(model: Model, vars: Sequence[TensorVariable]) -> None:
         )
 
 
+#: Each model's functions, per (variables, row dimension, compile options); dropped with the
+#: model. See :func:`build_oracles`.
+_FUNCTIONS: weakref.WeakKeyDictionary[Model, dict[tuple[Any, ...], ModelFunctions]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
 def build_oracles(
     model: Model,
     vars: Sequence[TensorVariable],
@@ -282,7 +374,12 @@ def build_oracles(
     with_gradients: bool = False,
     proxy_order: int = 0,
 ) -> ModelOracles:
-    """Read the model once and compile the per-row and prior functions for ``vars``.
+    """Read the model once and return its per-row and prior functions for ``vars``.
+
+    The functions compile at their first call and are shared, within a process, by every call
+    with the same model, variables, ``obs_dim`` and ``compile_kwargs`` (a reference search
+    and the steps built after it compile each function once). Each call gets its own view of
+    the data (:meth:`ModelOracles.refresh_data`).
 
     Parameters
     ----------
@@ -297,11 +394,10 @@ def build_oracles(
     compile_kwargs : dict, optional
         Passed to PyTensor's compiler, e.g. ``{"mode": "NUMBA"}`` or ``{"mode": "JAX"}``.
     with_gradients : bool, default False
-        Also compile ``score_rows`` (per-row gradients) and ``log_prior_grad``.
+        The caller needs per-row gradients: refuse now if no row depends on ``vars``.
     proxy_order : {0, 1, 2}, default 0
-        With 1 or 2, also compile the control-variate functions: ``residual_ratio_rows``
-        (Taylor proxies of that order), ``gradient_hessian_sums`` and ``log_prior_hessian``
-        (which imply ``with_gradients``).
+        Order of the Taylor proxies of ``residual_ratio_rows`` (control variates), which
+        implies ``with_gradients``.
 
     Returns
     -------
@@ -315,7 +411,53 @@ def build_oracles(
         asked for variables that no row depends on.
 
     """
+    if proxy_order not in (0, 1, 2):
+        raise ValueError(f"proxy_order must be 0, 1 or 2, got {proxy_order!r}.")
     check_continuous(model, vars)
+    key = (
+        tuple(vars),
+        tuple(model.basic_RVs),
+        tuple(model.potentials),
+        obs_dim,
+        repr(sorted((compile_kwargs or {}).items())),
+    )
+    per_model = _FUNCTIONS.setdefault(model, {})
+    functions = per_model.get(key)
+    new = functions is None
+    if functions is None:
+        functions = per_model[key] = _model_functions(
+            model, vars, initial_point, obs_dim, dict(compile_kwargs or {})
+        )
+    if (with_gradients or proxy_order > 0) and not functions.rows_depend_on_q:
+        names = ", ".join(str(v.name) for v in vars)
+        raise ValueError(
+            f"No row of the likelihood depends on {names} (only the prior sees them), so there "
+            "are no per-row gradients for SGFS, proposal='langevin' or control_variate. Sample "
+            "them with pms.AusterityMH or pms.MinibatchBarkerMH, random-walk proposal and no "
+            "control variate, in a compound step: pm.sample(step=[..., that_step]). Such a "
+            "step reads one batch per draw."
+        )
+    q0 = np.concatenate([np.ravel(initial_point[str(v.name)]) for v in vars]).astype("float64")
+    oracles = ModelOracles(
+        initial_q=q0,
+        _functions=functions,
+        proxy_order=proxy_order,
+        _data=DataTracker(functions.row_data, functions.data),
+    )
+    _self_check(oracles, functions.full_rows, q0)
+    if new:
+        warn_if_unidentified(functions.flat, oracles.score_rows, oracles.n_rows, q0)
+    return oracles
+
+
+def _model_functions(
+    model: Model,
+    vars: Sequence[TensorVariable],
+    initial_point: dict[str, np.ndarray],
+    obs_dim: str | None,
+    kwargs: dict[str, Any],
+) -> ModelFunctions:
+    """Read the model's graphs and wrap each function of ``q`` to compile at first use."""
     check_no_imputed_rows(model)
     layout = find_row_layout(model, obs_dim)
     check_no_per_row_latents(model, layout.row_rvs, initial_point, layout.n_rows, layout.obs_dim)
@@ -332,95 +474,102 @@ def build_oracles(
     q_old = q.type("q_old")
     rows_q_old, prior_q_old = clone_replace([rows_q, prior_q], replace={q: q_old})
 
-    kwargs = dict(compile_kwargs or {})
     row_inputs = list(graph.row_inputs)
-    gradients: dict[str, Any] = {}
-    if proxy_order not in (0, 1, 2):
-        raise ValueError(f"proxy_order must be 0, 1 or 2, got {proxy_order!r}.")
-    with_gradients = with_gradients or proxy_order > 0
     flat = flat_prior_coordinates(model, vars, initial_point)
-    depends_on_q = q in set(ancestors([rows_q]))
+    rows_ancestors = set(ancestors([rows_q]))
+    depends_on_q = q in rows_ancestors
     if not depends_on_q:
         refuse_flat_priors_outside_the_likelihood(flat)
-    if with_gradients and not depends_on_q:
-        names = ", ".join(str(v.name) for v in vars)
-        raise ValueError(
-            f"No row of the likelihood depends on {names} (only the prior sees them), so there "
-            "are no per-row gradients for SGFS, proposal='langevin' or control_variate. Sample "
-            "them with pms.AusterityMH or pms.MinibatchBarkerMH, random-walk proposal and no "
-            "control variate, in a compound step: pm.sample(step=[..., that_step]). Such a "
-            "step reads one batch per draw."
-        )
-    if proxy_order:
-        gradients.update(
-            _proxy_functions(
-                rows_q, rows_q_old, prior_q, q, q_old, row_inputs, shared, proxy_order, kwargs
-            )
-        )
-    if with_gradients or flat:
-        scores, batched_inputs = per_row_gradient(rows_q, q, row_inputs)
-        gradients["_score_fn"] = _compile([q, *batched_inputs], scores, kwargs)
-    if with_gradients:
-        gradients["_prior_grad_fn"] = _compile([q], _prior_gradient(prior_q, q), kwargs)
-    q0 = np.concatenate([np.ravel(initial_point[str(v.name)]) for v in vars]).astype("float64")
-    tracker = DataTracker(
-        graph.row_data,
-        _shared_data([rows_q, prior_q, *graph.row_data], set(shared.values()) | set(shared)),
+    others = tuple(
+        str(model.values_to_rvs[value].name)
+        for value, live in shared.items()
+        if live in rows_ancestors and value in model.values_to_rvs
     )
-    oracles = ModelOracles(
-        initial_q=q0,
-        layout=layout,
-        shared=shared,
-        _prior_fn=_compile([q], prior_q, kwargs),
-        _prior_ratio_fn=_compile([q, q_old], prior_q - prior_q_old, kwargs),
-        _rows_fn=_compile([q, *row_inputs], rows_q, kwargs),
-        _ratio_fn=_compile([q, q_old, *row_inputs], rows_q - rows_q_old, kwargs),
-        _row_data=graph.row_data,
-        proxy_order=proxy_order,
-        _data=tracker,
-        **gradients,
-    )
-    full_fn = _compile([q], full_q, kwargs)
-    _self_check(oracles, full_fn, q0)
-    warn_if_unidentified(flat, oracles.score_rows, oracles.n_rows, q0)
-    return oracles
-
-
-def _proxy_functions(
-    rows_q: TensorVariable,
-    rows_q_old: Variable,
-    prior_q: TensorVariable,
-    q: TensorVariable,
-    q_old: TensorVariable,
-    row_inputs: list[TensorVariable],
-    shared: dict[Variable, Variable],
-    proxy_order: int,
-    kwargs: dict[str, Any],
-) -> dict[str, Any]:
-    """Compile the residuals ``l_i - proxy_i``, the proxies' sums, and the prior's Hessian."""
     frozen = tuple(
         (live, pytensor.shared(np.array(live.get_value(), copy=True), name=f"{live.name}_frozen"))
         for live in shared.values()
         if isinstance(live, SharedVariable)
     )
     q_ref = q.type("q_ref")
-    replacements: dict[Variable, Variable] = {q: q_ref}
-    replacements.update(frozen)
-    rows_ref = cast(TensorVariable, clone_replace(rows_q, replace=replacements))
-    step = q - q_old
-    centre = q + q_old - 2 * q_ref if proxy_order == 2 else None
-    proxies = per_row_proxy_terms(rows_ref, q_ref, row_inputs, step, centre)
-    residuals = rows_q - rows_q_old - proxies
-    gradient_sum, hessian_sum = summed_gradient_and_hessian(rows_ref, q_ref)
-    prior_hessian = jacobian(
-        _prior_gradient(prior_q, q), q, vectorize=True, disconnected_inputs="ignore"
+    rows_ref = cast(TensorVariable, clone_replace(rows_q, replace={q: q_ref, **dict(frozen)}))
+
+    def lazy(build: GraphBuilder) -> LazyFunction:
+        return LazyFunction(build, kwargs)
+
+    def fixed(inputs: list[Variable], outputs: Any) -> LazyFunction:
+        return lazy(partial(_given, inputs, outputs))
+
+    residual_inputs = (rows_q, rows_q_old, rows_ref, q, q_old, q_ref, row_inputs)
+    return ModelFunctions(
+        layout=layout,
+        shared=shared,
+        rows_depend_on_q=depends_on_q,
+        other_variables_in_rows=others,
+        prior=fixed([q], prior_q),
+        prior_ratio=fixed([q, q_old], prior_q - prior_q_old),
+        rows=fixed([q, *row_inputs], rows_q),
+        ratio=fixed([q, q_old, *row_inputs], rows_q - rows_q_old),
+        full_rows=fixed([q], full_q),
+        score=lazy(partial(_score_graph, rows_q, q, row_inputs)),
+        prior_grad=lazy(partial(_prior_gradient_graph, prior_q, q)),
+        residual={
+            order: lazy(partial(_residual_graph, *residual_inputs, order)) for order in (1, 2)
+        },
+        sums=lazy(partial(_sums_graph, rows_ref, q_ref, row_inputs)),
+        prior_hessian=lazy(partial(_prior_hessian_graph, prior_q, q)),
+        row_data=graph.row_data,
+        data=_shared_data([rows_q, prior_q, *graph.row_data], set(shared.values()) | set(shared)),
+        frozen=frozen,
+        flat=flat,
     )
-    return {
-        "_residual_fn": _compile([q, q_old, q_ref, *row_inputs], residuals, kwargs),
-        "_sums_fn": _compile([q_ref, *row_inputs], [gradient_sum, hessian_sum], kwargs),
-        "_prior_hessian_fn": _compile([q], prior_hessian, kwargs),
-        "_frozen": frozen,
-    }
+
+
+def _given(inputs: list[Variable], outputs: Any) -> tuple[list[Variable], Any]:
+    return inputs, outputs
+
+
+def _score_graph(
+    rows_q: TensorVariable, q: TensorVariable, row_inputs: list[TensorVariable]
+) -> tuple[list[Variable], Any]:
+    scores, batched_inputs = per_row_gradient(rows_q, q, row_inputs)
+    return [q, *batched_inputs], scores
+
+
+def _residual_graph(
+    rows_q: TensorVariable,
+    rows_q_old: Variable,
+    rows_ref: TensorVariable,
+    q: TensorVariable,
+    q_old: TensorVariable,
+    q_ref: TensorVariable,
+    row_inputs: list[TensorVariable],
+    order: int,
+) -> tuple[list[Variable], Any]:
+    """Residuals ``l_i(q) - l_i(q_old)`` minus the Taylor proxies' difference at ``q_ref``.
+
+    The proxies read the other model variables at their frozen values (the ``_frozen`` shared
+    copies), so that the sums of :func:`_sums_graph` are those of the proxies subtracted here.
+    """
+    step = q - q_old
+    centre = q + q_old - 2 * q_ref if order == 2 else None
+    proxies = per_row_proxy_terms(rows_ref, q_ref, row_inputs, step, centre)
+    return [q, q_old, q_ref, *row_inputs], rows_q - rows_q_old - proxies
+
+
+def _sums_graph(
+    rows_ref: TensorVariable, q_ref: TensorVariable, row_inputs: list[TensorVariable]
+) -> tuple[list[Variable], Any]:
+    gradient_sum, hessian_sum = summed_gradient_and_hessian(rows_ref, q_ref)
+    return [q_ref, *row_inputs], [gradient_sum, hessian_sum]
+
+
+def _prior_gradient_graph(prior_q: TensorVariable, q: TensorVariable) -> tuple[list[Variable], Any]:
+    return [q], _prior_gradient(prior_q, q)
+
+
+def _prior_hessian_graph(prior_q: TensorVariable, q: TensorVariable) -> tuple[list[Variable], Any]:
+    hessian = jacobian(_prior_gradient(prior_q, q), q, vectorize=True, disconnected_inputs="ignore")
+    return [q], hessian
 
 
 def _prior_gradient(prior_q: TensorVariable, q: TensorVariable) -> TensorVariable:
@@ -429,16 +578,7 @@ def _prior_gradient(prior_q: TensorVariable, q: TensorVariable) -> TensorVariabl
     return cast(TensorVariable, pytensor.grad(prior_q, q, disconnected_inputs="ignore"))
 
 
-def _compile(inputs: list[Variable], outputs: Any, kwargs: dict[str, Any]) -> Callable:
-    # Unused inputs are expected: a step over hyperparameters that only the prior sees has row
-    # terms that do not depend on its point (their differences are then exactly 0).
-    with numba_fallbacks_silenced():
-        function = compile_pytensor(inputs, outputs, **{"on_unused_input": "ignore", **kwargs})
-    function.trust_input = True
-    return function
-
-
-def _self_check(oracles: ModelOracles, full_fn: Callable, q0: np.ndarray) -> None:
+def _self_check(oracles: ModelOracles, full_fn: LazyFunction, q0: np.ndarray) -> None:
     """Compare per-row values on a few rows against the full model, at q0 and a jittered point."""
     n_rows = oracles.n_rows
     check_rng = np.random.default_rng(_SELF_CHECK_SEED)

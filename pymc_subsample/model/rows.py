@@ -70,7 +70,13 @@ def _observed_shape(model: Model, rv: Variable) -> tuple[int, ...]:
             f"Observed variable {rv.name!r} uses pm.Minibatch data. pymc_subsample draws its own "
             "rows: pass the full data arrays (numpy arrays or pm.Data) instead of pm.Minibatch."
         )
-    return tuple(int(s) for s in value.shape.eval())
+    # Data (a constant, or pm.Data's shared variable) has its shape at hand; evaluating the
+    # shape graph instead compiles a function (1.3 s at set-up on a 1e6-row logistic model).
+    if isinstance(value, Constant):
+        return tuple(int(n) for n in np.shape(value.data))
+    if isinstance(value, SharedVariable):
+        return tuple(int(n) for n in np.shape(value.get_value(borrow=True)))
+    return tuple(int(n) for n in value.shape.eval())
 
 
 def find_row_layout(model: Model, obs_dim: str | None = None) -> RowLayout:

@@ -17,6 +17,7 @@ from pymc_subsample.kernels.austerity import (
     sequential_mh_test,
 )
 from pymc_subsample.step_methods.base import SubsampleMetropolisBase
+from pymc_subsample.step_methods.defaults import AUTO
 
 __all__ = ["AusterityMH"]
 
@@ -45,9 +46,11 @@ class AusterityMH(SubsampleMetropolisBase):
     error_tolerance : float, default 0.001
         Probability of a wrong decision allowed in each single t-test (the paper's epsilon),
         in [0, 0.5). 0 gives exact Metropolis-Hastings on all rows.
-    batch_size : int, default 500
-        Rows added per stage of the test (the paper's m); at least 2. Around 500 keeps the
-        t-statistic close to its CLT limit. ``batch_size >= N`` runs exact MH (with a warning).
+    batch_size : int, optional
+        Rows added per stage of the test (the paper's m); at least 2. Default 100 with a
+        control variate (whose residuals are small and close to Gaussian), else 500, which
+        keeps the t-statistic close to its CLT limit. ``batch_size >= N`` runs exact MH (with a
+        warning).
     temperature : float, default 1
         The likelihood is raised to ``1 / temperature`` (the target changes: a tempered
         posterior); recorded in every draw's ``temperature`` stat.
@@ -65,7 +68,8 @@ class AusterityMH(SubsampleMetropolisBase):
         ``1.65 / d**(1/6)`` for Langevin (optimal for proposals on the posterior scale).
         Adapted during tuning; pass ``pm.sample(tune=0)`` to keep it fixed.
     proposal_cov : array_like, optional
-        Proposal covariance: a vector of variances or a (d, d) SPD matrix; default identity.
+        Proposal covariance: a vector of variances or a (d, d) SPD matrix. Default: the Laplace
+        covariance at the reference point with a control variate, else the identity.
     tune_interval : int, default 100
         Steps between scale adaptations during tuning (PyMC's Metropolis rule, which aims at
         an acceptance rate between 0.2 and 0.5).
@@ -78,21 +82,30 @@ class AusterityMH(SubsampleMetropolisBase):
         Source of randomness; ``pm.sample(random_seed=...)`` replaces it per chain.
     compile_kwargs : dict, optional
         Passed to PyTensor, e.g. ``{"mode": "NUMBA"}``, ``{"mode": "C"}`` or ``{"mode": "JAX"}``.
-    control_variate : {None, "taylor1", "taylor2"}, default None
+    control_variate : {"auto", None, "taylor1", "taylor2"}, default "auto"
         Difference estimator of the log-likelihood ratio (Bardenet, Doucet and Holmes 2017;
         Quiroz et al. 2019): Taylor proxies of each row's log-likelihood around a reference
         point, whose exact sum costs O(d) or O(d^2) per step, so that the minibatch estimates
-        only the residuals. At temperature 1 this turns O(N) rows per step into O(1); turn it on
-        for untempered posteriors. ``"taylor2"`` (gradients and Hessians) leaves the smallest
-        residuals; ``"taylor1"`` needs only gradients per row. Set-up costs one chunked pass
-        over the data (plus the optimiser's rows when ``reference_point`` is None; attribute
+        only the residuals. At temperature 1 this turns O(N) rows per step into O(1).
+        ``"taylor2"`` (gradients and Hessians) leaves the smallest residuals; ``"taylor1"``
+        needs only gradients per row; None turns it off. ``"auto"`` is ``"taylor2"`` at
+        temperature 1 and None for tempered posteriors; where it cannot apply (no row depends
+        on the step's variables, the likelihood reads variables another step samples, or the
+        automatic reference search fails) the step runs without it and says why in one
+        ``SubsampleWarning`` (attribute ``dropped_default``). Set-up costs a few chunked
+        passes over the data (the reference search's rows are in attribute
         ``reference_rows``). The proposal covariance defaults to the Laplace approximation at
-        the reference point. The decision is still exact when all N rows are used.
+        the reference point, and tuning chains start near it. The decision is still exact
+        when all N rows are used.
     reference_point : dict or ReferencePoint, optional
         Expansion point of the control variate, in the unconstrained space, keyed by
         value-variable names (``pms.find_reference_point(...)`` or ``pm.find_MAP()``). Default:
-        found by :func:`pymc_subsample.find_reference_point` from the model's initial point.
-        Start the chains near it (``pm.sample(initvals=ref.initvals)``).
+        found from the model's initial point by the search of
+        :func:`pymc_subsample.find_reference_point` (default settings, a fixed seed), once per
+        model, data and start: every chain and every step built on the same model reuses it,
+        as does a step built after ``find_reference_point()``; after ``pm.set_data`` it is found
+        again. A tuning chain that starts far from it starts at a draw from the Laplace
+        approximation there instead.
     recenter : {None, "tune"}, default None
         ``"tune"``: at the end of tuning, re-expand at the mean of the last half of the tuning
         draws (one more pass over the data, counted in the first draw's ``n_data``); the
@@ -151,6 +164,8 @@ class AusterityMH(SubsampleMetropolisBase):
     """
 
     name = "austerity_mh"
+    #: Without a control variate the l_i are far from Gaussian in small batches (the paper's m).
+    _uncontrolled_batch_size = 500
     stats_dtypes_shapes: ClassVar[dict[str, tuple[type, list[int]]]] = {
         "accepted": (np.float64, []),
         "n_data": (np.int64, []),
@@ -169,7 +184,7 @@ class AusterityMH(SubsampleMetropolisBase):
         vars: Sequence[TensorVariable] | None = None,
         *,
         error_tolerance: float = DEFAULT_ERROR_TOLERANCE,
-        batch_size: int = 500,
+        batch_size: int | None = None,
         temperature: float = 1.0,
         proposal: str = "random_walk",
         scaling: float | None = None,
@@ -180,7 +195,7 @@ class AusterityMH(SubsampleMetropolisBase):
         rng: RandomGenerator = None,
         compile_kwargs: dict[str, Any] | None = None,
         blocked: bool = True,
-        control_variate: str | None = None,
+        control_variate: str | None = AUTO,
         reference_point: Any = None,
         recenter: str | None = None,
     ) -> None:

@@ -14,6 +14,7 @@ from pytensor.tensor.variable import TensorVariable
 from pymc_subsample.kernels.barker import BarkerDecision, minibatch_barker_test
 from pymc_subsample.kernels.correction import correction_distribution
 from pymc_subsample.step_methods.base import SubsampleMetropolisBase
+from pymc_subsample.step_methods.defaults import AUTO
 
 __all__ = ["MinibatchBarkerMH", "barker_tune"]
 
@@ -61,8 +62,8 @@ class MinibatchBarkerMH(SubsampleMetropolisBase):
     ----------
     vars : list of variables, optional
         Continuous variables to sample (default: all free variables).
-    batch_size : int, default 100
-        Initial batch and increment (the paper's m); at least 2.
+    batch_size : int, optional
+        Initial batch and increment (the paper's m); at least 2. Default 100.
     temperature : float, default 1
         The likelihood is raised to ``1 / temperature``: **the target changes** (tempered
         posterior). Temperatures above 1 shrink ``s^2`` and so the batches; the paper's
@@ -78,9 +79,10 @@ class MinibatchBarkerMH(SubsampleMetropolisBase):
         ratio of the minibatch-gradient proposal (eq. 21-22 of Korattikara et al. 2016).
     control_variate, reference_point, recenter
         Taylor control variates around a reference point, as for
-        :class:`~pymc_subsample.AusterityMH`. The Barker variance ``s^2`` is then that of the
-        residuals' estimate, which at temperature 1 falls below 1 with O(1) rows instead of
-        needing all N. Turn them on for untempered posteriors.
+        :class:`~pymc_subsample.AusterityMH` (default ``"auto"``: ``"taylor2"`` around an
+        automatic reference point at temperature 1). The Barker variance ``s^2`` is then that
+        of the residuals' estimate, which at temperature 1 falls below 1 with O(1) rows instead
+        of needing all N.
 
     Notes
     -----
@@ -144,7 +146,7 @@ class MinibatchBarkerMH(SubsampleMetropolisBase):
         self,
         vars: Sequence[TensorVariable] | None = None,
         *,
-        batch_size: int = 100,
+        batch_size: int | None = None,
         temperature: float = 1.0,
         proposal: str = "random_walk",
         error_bound: float | None = None,
@@ -156,7 +158,7 @@ class MinibatchBarkerMH(SubsampleMetropolisBase):
         rng: RandomGenerator = None,
         compile_kwargs: dict[str, Any] | None = None,
         blocked: bool = True,
-        control_variate: str | None = None,
+        control_variate: str | None = AUTO,
         reference_point: Any = None,
         recenter: str | None = None,
     ) -> None:

@@ -29,11 +29,18 @@ from pytensor.tensor.variable import TensorVariable
 from pymc_subsample.kernels.proposals import LangevinProposal, RandomWalkProposal
 from pymc_subsample.kernels.row_sampler import RowSampler
 from pymc_subsample.model.oracles import ModelOracles, build_oracles
-from pymc_subsample.reference import optimise_reference
+from pymc_subsample.reference import automatic_reference, funnel_explanation
 from pymc_subsample.step_methods.control import (
     CONTROL_VARIATES,
     ControlVariate,
     reference_vector,
+)
+from pymc_subsample.step_methods.defaults import (
+    AUTO,
+    CONTROLLED_BATCH_SIZE,
+    DEFAULT_CONTROL_VARIATE,
+    control_variate_obstacle,
+    dropped_default_message,
 )
 from pymc_subsample.step_methods.diagnostics import ChainDiagnostics
 from pymc_subsample.step_methods.progress import make_progressbar_updaters, progressbar_config
@@ -88,7 +95,7 @@ class SubsampleStepBase(ArrayStepShared):
         self,
         vars: Sequence[TensorVariable] | None,
         *,
-        batch_size: int,
+        batch_size: int | None,
         obs_dim: str | None,
         model: pm.Model | None,
         rng: RandomGenerator,
@@ -99,7 +106,10 @@ class SubsampleStepBase(ArrayStepShared):
     ) -> None:
         model = pm.modelcontext(model)
         vars = model.value_vars if vars is None else get_value_vars_from_user_vars(vars, model)
-        self.batch_size = _check_int("batch_size", batch_size, minimum=2)
+        # None: the subclass chooses once it knows whether a control variate applies.
+        self.batch_size = (
+            0 if batch_size is None else _check_int("batch_size", batch_size, minimum=2)
+        )
         if compile_kwargs is not None and not isinstance(compile_kwargs, dict):
             raise TypeError(
                 "compile_kwargs must be a dict such as {'mode': 'NUMBA'}, "
@@ -116,6 +126,8 @@ class SubsampleStepBase(ArrayStepShared):
             proxy_order=proxy_order,
         )
         self._initial_point = initial_point
+        #: Why the model has no mode in these variables (a centred hierarchy), or "".
+        self._funnel = funnel_explanation(model, vars)
         #: Draws after tuning of the current chain, when PyMC says (PyMC 6's setup_chain).
         self._chain_draws: int | None = None
         #: The process that built the step; chains elsewhere relay their warnings to it.
@@ -192,12 +204,14 @@ class SubsampleMetropolisBase(SubsampleStepBase):
     _make_progressbar_update_functions = staticmethod(make_progressbar_updaters)
     #: Maps (scaling, acceptance over the last interval) to the new scaling during tuning.
     _tune_rule: Callable[[float, float], float] = staticmethod(tune_scaling)
+    #: Default batch_size without a control variate (a subclass sets its test's own).
+    _uncontrolled_batch_size = 100
 
     def __init__(
         self,
         vars: Sequence[TensorVariable] | None = None,
         *,
-        batch_size: int,
+        batch_size: int | None,
         temperature: float,
         proposal: str,
         scaling: float | None,
@@ -208,21 +222,19 @@ class SubsampleMetropolisBase(SubsampleStepBase):
         rng: RandomGenerator,
         compile_kwargs: dict[str, Any] | None,
         blocked: bool = True,
-        control_variate: str | None = None,
+        control_variate: str | None = AUTO,
         reference_point: Any = None,
         recenter: str | None = None,
     ) -> None:
         self.temperature = _check_temperature(temperature)
         self.tune_interval = _check_int("tune_interval", tune_interval, minimum=1)
         self.langevin = _check_choice("proposal", proposal, PROPOSALS) == "langevin"
-        self.control_variate = _check_choice(
-            "control_variate", control_variate, tuple(CONTROL_VARIATES)
-        )
+        requested = _check_choice("control_variate", control_variate, (AUTO, *CONTROL_VARIATES))
         self.recenter = _check_choice("recenter", recenter, (None, "tune"))
-        if self.control_variate is None and (reference_point is not None or recenter):
+        if requested is None and (reference_point is not None or recenter):
             raise ValueError(
                 "reference_point and recenter apply to control variates: pass "
-                "control_variate='taylor1' or 'taylor2' as well."
+                "control_variate='taylor1' or 'taylor2' as well (or leave the default, 'auto')."
             )
         super().__init__(
             vars,
@@ -233,7 +245,7 @@ class SubsampleMetropolisBase(SubsampleStepBase):
             compile_kwargs=compile_kwargs,
             blocked=blocked,
             with_gradients=self.langevin,
-            proxy_order=CONTROL_VARIATES[self.control_variate],
+            proxy_order=0 if requested == AUTO else CONTROL_VARIATES[requested],
         )
         self.row_sampler = RowSampler(self.oracles.n_rows)  # 8 bytes per row, allocated once
         n_params = self.oracles.n_params
@@ -241,11 +253,24 @@ class SubsampleMetropolisBase(SubsampleStepBase):
         self.reference_rows = 0
         self._laplace_proposal = False
         self._reference_point = reference_point
+        #: Whether control_variate was left at "auto" (the reference is then found again after
+        #: pm.set_data, and a failed search drops the control variate instead of raising).
+        self._automatic = requested == AUTO
+        #: Why the default control variate was dropped ("" if it was not, or not asked for).
+        self.dropped_default = ""
+        self.control_variate = self._resolve_control_variate(requested, reference_point)
         if self.control_variate is not None:
+            self.oracles = self.oracles.with_proxy_order(CONTROL_VARIATES[self.control_variate])
             self.control = self._make_control_variate(reference_point)
-            if proposal_cov is None:
+            if self.control is None:
+                self.control_variate = None
+            elif proposal_cov is None:
                 proposal_cov = self.control.covariance
                 self._laplace_proposal = True
+        if batch_size is None:
+            self.batch_size = (
+                self._uncontrolled_batch_size if self.control is None else CONTROLLED_BATCH_SIZE
+            )
         self.proposal: RandomWalkProposal | LangevinProposal = self._make_proposal(proposal_cov)
         self.diagnostics = self._make_diagnostics()
         self._pending_rows = 0
@@ -272,8 +297,13 @@ class SubsampleMetropolisBase(SubsampleStepBase):
         self.diagnostics = self._make_diagnostics()
         if self.control is not None:
             self.control = self._make_control_variate(self._reference_point)
-            if self._laplace_proposal:
+            if self.control is None:  # the automatic search failed on the new data
+                self.control_variate = None
+                self._laplace_proposal = False
+                self.proposal = self._make_proposal(None)
+            elif self._laplace_proposal:
                 self.proposal = self._make_proposal(self.control.covariance)
+            self.diagnostics = self._make_diagnostics()
 
     def _make_diagnostics(self) -> ChainDiagnostics:
         return ChainDiagnostics(
@@ -283,11 +313,46 @@ class SubsampleMetropolisBase(SubsampleStepBase):
             control_variate=self.control is not None,
         )
 
-    def _make_control_variate(self, reference_point: Any) -> ControlVariate:
+    def _resolve_control_variate(self, requested: str | None, reference_point: Any) -> str | None:
+        """Choose the control variate: ``requested``, or for "auto" taylor2 where it applies.
+
+        Where the default cannot apply the step runs without and says why, once
+        (``step_methods/defaults.py``); a ``reference_point`` given with it is an error then.
+        """
+        if requested != AUTO:
+            return requested
+        obstacle = control_variate_obstacle(self.oracles, self.temperature)
+        if obstacle is None:
+            return DEFAULT_CONTROL_VARIATE
+        if reference_point is not None:
+            raise ValueError(
+                f"reference_point was given but no control variate can be used: {obstacle}."
+                if obstacle
+                else "reference_point was given for a tempered posterior (temperature != 1), "
+                "where control_variate='auto' uses none: pass control_variate='taylor2'."
+            )
+        self._drop_default(obstacle)
+        return None
+
+    def _drop_default(self, reason: str) -> None:
+        if reason:
+            self.dropped_default = reason
+            warn_user(dropped_default_message(type(self).__name__, reason))
+
+    def _make_control_variate(self, reference_point: Any) -> ControlVariate | None:
+        """Expand at ``reference_point``, or at the automatic reference when it is None.
+
+        With ``control_variate="auto"`` a failed automatic search drops the control variate
+        (returns None, with a warning); an explicit control variate refuses it.
+        """
         if reference_point is None:
-            # The sequential-test optimiser, on this step's own oracles (no second compile).
-            optimum = optimise_reference(self.oracles, self.oracles.initial_q, rng=self.rng)
+            optimum = automatic_reference(self.oracles, self._funnel)
             if optimum.failure is not None:
+                if self._automatic:
+                    self._drop_default(
+                        f"the search for a reference point failed: {optimum.failure}"
+                    )
+                    return None
                 raise ValueError(
                     f"The step's search for a reference point failed: {optimum.failure}. "
                     "pms.find_reference_point() names the cause in hierarchical models."
@@ -359,18 +424,20 @@ class SubsampleMetropolisBase(SubsampleStepBase):
         return RaveledVars(q, q0.point_map_info), [stats]
 
     def _chain_start(self, q: np.ndarray) -> np.ndarray:
-        """Where a tuning chain with a control variate starts: near the reference point.
+        """Where a chain with a control variate starts: near the reference point.
 
         A start beyond the reference's chi-square(d) 1 - 1e-6 Mahalanobis limit (the model's
-        initial point, typically) makes every tuning draw's test read most rows until the chain
+        initial point, typically) makes every draw's test read most rows until the chain
         arrives: Barker with a control variate read ~182,000 of 1e6 rows per draw for its first
-        500 draws. Such a start is replaced by a draw from the Laplace approximation at the
-        reference (each chain its own, from its own generator); a nearer start, such as
-        ``initvals=ref.initvals``, is kept. Only at a chain's first tuning draw.
+        500 draws. Such a start, where the Laplace approximation puts probability below 1e-6,
+        is replaced by a draw from the Laplace approximation at the reference (each chain its
+        own, from its own generator); a nearer start, such as ``initvals=ref.initvals``, is
+        kept. Only at a chain's first draw, with or without tuning (``tune=0`` would otherwise
+        keep the whole approach to the posterior among its draws).
         """
         self._start_near_reference = False
         control = self.control
-        if control is None or not self.tune or control.distance_sq(q) <= control.limit:
+        if control is None or control.distance_sq(q) <= control.limit:
             return q
         start = control.laplace_draw(self.rng)
         return start if np.isfinite(self.oracles.log_prior(start)) else control.proxy.reference

@@ -1,0 +1,84 @@
+"""PyTensor functions compiled on their first call, so that a step compiles only what it uses.
+
+Compiling is most of a step's set-up (0.3-0.5 s per function; a Hessian graph's rewrites take
+the longest), and which functions a step calls depends on choices made after the graphs are
+read: whether the default control variate applies, whether the reference search needs
+curvature, whether a flat prior needs the identification check. A :class:`LazyFunction` holds
+what it needs to build its graph and compiles the first time it is called; the oracles of one
+model are shared by every step and reference search built on it (``docs/architecture.md``,
+"Model layer"), so each function is compiled at most once per process.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from pymc.pytensorf import compile as compile_pytensor
+from pytensor.graph.basic import Variable
+
+from pymc_subsample.warnings import numba_fallbacks_silenced
+
+__all__ = ["GraphBuilder", "LazyFunction", "compile_function"]
+
+#: Builds a function's graph: returns its inputs and outputs. Must be picklable (a module-level
+#: function or a functools.partial of one) so that steps pickle into worker processes.
+GraphBuilder = Callable[[], tuple[Sequence[Variable], Any]]
+
+
+class LazyFunction:
+    """A compiled PyTensor function, built and compiled when first called.
+
+    Parameters
+    ----------
+    build : callable
+        Returns ``(inputs, outputs)``; called once, at the first call.
+    compile_kwargs : dict
+        Passed to PyTensor's compiler (``mode=`` and so on).
+    """
+
+    __slots__ = ("_build", "_compile_kwargs", "_function")
+
+    def __init__(self, build: GraphBuilder, compile_kwargs: dict[str, Any]) -> None:
+        self._build = build
+        self._compile_kwargs = compile_kwargs
+        self._function: Callable[..., Any] | None = None
+
+    @property
+    def compiled(self) -> bool:
+        """Whether the function has been compiled."""
+        return self._function is not None
+
+    def __call__(self, *args: Any) -> Any:
+        """Evaluate, compiling first if needed."""
+        function = self._function
+        if function is None:
+            function = self.compile()
+        return function(*args)
+
+    def compile(self) -> Callable[..., Any]:
+        """Compile now (idempotent) and return the compiled function."""
+        if self._function is None:
+            inputs, outputs = self._build()
+            self._function = compile_function(list(inputs), outputs, self._compile_kwargs)
+        return self._function
+
+    def __getstate__(self) -> tuple[Any, ...]:
+        return (self._build, self._compile_kwargs, self._function)
+
+    def __setstate__(self, state: tuple[Any, ...]) -> None:
+        self._build, self._compile_kwargs, self._function = state
+
+
+def compile_function(
+    inputs: list[Variable], outputs: Any, compile_kwargs: dict[str, Any]
+) -> Callable[..., Any]:
+    """Compile with PyMC's defaults; inputs need not be used, and are trusted (no checks)."""
+    # Unused inputs are expected: a step over hyperparameters that only the prior sees has row
+    # terms that do not depend on its point (their differences are then exactly 0).
+    with numba_fallbacks_silenced():
+        function = compile_pytensor(
+            inputs, outputs, **{"on_unused_input": "ignore", **compile_kwargs}
+        )
+    function.trust_input = True
+    return function
