@@ -1,7 +1,7 @@
-"""Quickstart: logistic regression on 50,000 rows with AusterityMH and control variates.
+"""Quickstart: logistic regression on 50,000 rows with ``AusterityMH()``, no arguments.
 
 At temperature 1 (the plain posterior) the test needs O(1) rows per step only with control
-variates: ``find_reference_point`` finds a point near the mode on minibatches, and the step
+variates, which are the default: the step finds a point near the mode on minibatches and
 expands each row's log-likelihood to second order around it (``control_variate="taylor2"``).
 
 Run with ``python examples/quickstart.py``. It prints the posterior summary, the mean number of
@@ -31,11 +31,7 @@ def main() -> None:
         beta = pm.Normal("beta", 0.0, 2.0, shape=X.shape[1])
         pm.Bernoulli("y", logit_p=X @ beta, observed=y)
 
-        ref = pms.find_reference_point(random_seed=1)
-        step = pms.AusterityMH(control_variate="taylor2", reference_point=ref, batch_size=100)
-        idata = pm.sample(
-            draws=5000, tune=1000, chains=2, step=step, random_seed=1, initvals=ref.initvals
-        )
+        idata = pm.sample(draws=5000, tune=1000, chains=2, step=pms.AusterityMH(), random_seed=1)
         reference = pm.sample(draws=500, tune=500, chains=2, random_seed=1, progressbar=False)
 
     print(az.summary(idata, var_names=["beta"]))

@@ -347,19 +347,26 @@ def optimise_reference(
     start_value = _log_posterior(oracles, q0, counts)
     batch_sizes: list[int] = []
     converged, decrement, last = False, float("inf"), None
+    nonfinite = ""
     size = first
     for _ in range(max_iter):
         try:
             rows, test, curvature = _tested_update(
                 oracles, q, sampler, rng, size, z, method, counts
             )
-        except FloatingPointError:
+        except FloatingPointError as error:
             last = None  # the gradient or curvature overflowed here: not a usable point
+            nonfinite = str(error)
             break
         batch_sizes.append(rows.size)
         # Start the next test at this batch size: the precision needed grows near the mode,
         # and starting smaller lets a chance pass on few rows throw the iterate away again.
         size = max(size, rows.size)
+        if 4 * size >= n_rows:
+            # A quarter of the rows or more: Newton on all of them costs at most 4x as much and
+            # converges quadratically, where a minibatch this large passed its test again and
+            # again with noisy steps (8 iterations at 409,600 of 1e6 rows on a logistic model).
+            size = n_rows
         decrement = test.newton_decrement_sq
         last = curvature if rows.size == n_rows else None
         if rows.size == n_rows and decrement <= d and curvature.n_modified == 0:
@@ -379,6 +386,8 @@ def optimise_reference(
     failure = _failure(
         converged, decrement, last, (len(batch_sizes), max_iter), tol, start_value, end_value
     )
+    if failure is not None and nonfinite:
+        failure = f"{nonfinite} (and so {failure})"
     spread = float("nan")
     if failure is None and last is not None:
         spread = _laplace_log_weight_sd(oracles, q, last.precision, rng, counts)
@@ -549,7 +558,8 @@ def _tested_update(
     score_sum, outer_sum, hessian_sum = np.zeros(d), np.zeros((d, d)), np.zeros((d, d))
     size = min(first, n_rows)
     while True:
-        rows = sampler.draw(rng, size)
+        # Sorted, the rows are gathered from the data in memory order (4x faster at N = 1e6).
+        rows = np.sort(sampler.draw(rng, size))
         chunks.append(rows)
         counts["gradient"] += rows.size
         # In chunks: an (n, d) score matrix and the gathered data rows are O(chunk) memory.
@@ -564,7 +574,13 @@ def _tested_update(
         scale = n_rows / n_used
         matrix = scale * (-hessian_sum if method == "newton" else outer_sum) - prior_hessian
         if not (np.all(np.isfinite(matrix)) and np.all(np.isfinite(score_sum))):
-            raise FloatingPointError("non-finite gradient or curvature")
+            raise FloatingPointError(
+                "the rows' summed "
+                + ("gradient" if np.all(np.isfinite(matrix)) else "Hessian")
+                + " is not finite at the current point (NaN or inf from PyTensor's derivatives "
+                "of this likelihood, or an overflow far from the mode); method='fisher' needs "
+                "gradients only"
+            )
         curvature = newton_curvature(matrix)
         mean = score_sum / n_used
         with np.errstate(over="ignore", invalid="ignore"):  # huge scores far from the mode
@@ -574,7 +590,9 @@ def _tested_update(
             )
         if n_used == n_rows or test.passes(z):
             return np.concatenate(chunks), test, curvature
-        size = min(n_used, n_rows - n_used)
+        # Double the batch; past half of the rows take them all: an iteration on 80% of them
+        # costs nearly a full pass and leaves the noise of the rest.
+        size = n_used if 4 * n_used < n_rows else n_rows - n_used
 
 
 def _line_search(

@@ -157,6 +157,18 @@ def test_centred_hierarchy_is_refused_naming_the_scale(size):
             pms.AusterityMH(control_variate="taylor2", reference_point=ref, batch_size=100)
 
 
+@pytest.mark.parametrize("centred", [True, False], ids=["centred", "non-centred"])
+def test_hierarchy_with_defaults_runs_without_control_variate_and_says_why(centred):
+    # With no arguments the step does not refuse the model: it drops its default control
+    # variate, naming the funnel's scale (centred) or the non-Gaussian mode (non-centred).
+    reason = "'sigma_a' is a positive parameter" if centred else "far from Gaussian"
+    with radon.radon_model(centred, **radon.SMALL):
+        with pytest.warns(pms.SubsampleWarning, match=reason) as caught:
+            step = pms.AusterityMH()
+    assert step.control is None and step.batch_size == 500
+    assert any("without its default control variate" in str(w.message) for w in caught)
+
+
 @pytest.mark.parametrize("size", SIZES)
 def test_non_centred_hierarchy_mode_is_refused(size):
     # The non-centred model has a mode (sigma_a = 2.1 there on the 85-group model) but the
@@ -176,19 +188,19 @@ def test_non_centred_hierarchy_mode_is_refused(size):
 def _recipe(model: pm.Model, draws: int) -> tuple[dict[str, list[float]], np.ndarray]:
     """Sample the documented recipe; return our means and sds, and each scalar's ESS."""
     with model:
-        lik = [model["a"], model["b"], model["sigma_y"]]
-        ref = pms.find_reference_point(lik, random_seed=1)
+        # As documented: defaults only (taylor2 for the likelihood's variables, found with the
+        # hyperparameters at their initial values; none for the prior-only step).
         steps = [
-            pms.AusterityMH(lik, control_variate="taylor2", reference_point=ref, batch_size=100),
-            pms.AusterityMH([model["mu_a"], model["sigma_a"]], batch_size=100),
+            pms.AusterityMH([model["a"], model["b"], model["sigma_y"]]),
+            pms.AusterityMH([model["mu_a"], model["sigma_a"]]),
         ]
+        assert steps[0].control_variate == "taylor2" and steps[1].control_variate is None
         idata = pm.sample(
             draws=draws,
             tune=2000,
             chains=2,
             cores=1,
             step=steps,
-            initvals=ref.initvals,
             random_seed=3,
             progressbar=False,
             compute_convergence_checks=False,

@@ -109,3 +109,34 @@ def test_same_seed_same_draws_whatever_cores_and_fisher_restarts_per_chain():
     assert np.array_equal(sequential.posterior["beta"].values, parallel.posterior["beta"].values)
     condition = sequential.sample_stats["condition_number"].values
     assert not np.array_equal(condition[0], condition[1])  # each chain has its own Fisher
+
+
+def test_default_start_is_the_reference_with_its_fisher_information():
+    # With no arguments SGFS finds the reference point once, seeds the Fisher average with the
+    # empirical Fisher information there, and moves a far first point (the model's initial
+    # point, all zeros, hundreds of sds away) to a draw near the reference.
+    X, y = linear_regression_data(5_000, seed=21)
+    mean, sd = linear_regression_posterior(X, y, prior_sd=10.0)
+    with linear_regression_model(X, y):
+        step = pms.SGFS(batch_size=200)
+    reference = step._reference
+    assert reference is not None and step.dropped_default == ""
+    np.testing.assert_allclose(reference.q, mean, atol=0.05 * sd.min())
+    np.testing.assert_allclose(reference.fisher, X.T @ X / 5_000, atol=0.1)  # unit noise: ~I
+    step.tune = True
+    step.reset_tuning()
+    assert step.fisher is reference.fisher and step.fisher_count == 5_000 // 200
+    far = np.zeros(3)
+    moved = reference.chain_start(far, np.random.default_rng(1))
+    assert np.all(np.abs(moved - mean) / sd < 6)
+    near = mean + 0.5 * sd
+    np.testing.assert_array_equal(reference.chain_start(near, np.random.default_rng(1)), near)
+
+
+def test_start_initial_keeps_pymcs_start_and_refuses_a_reference_point(small_regression):
+    model, _, _ = small_regression
+    with model:
+        step = pms.SGFS(batch_size=100, start="initial")
+        assert step._reference is None
+        with pytest.raises(ValueError, match="start='reference'"):
+            pms.SGFS(batch_size=100, start="initial", reference_point={"beta": np.zeros(3)})

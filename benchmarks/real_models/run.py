@@ -3,7 +3,10 @@
 Each (model, configuration) runs in its own process under a time and memory limit, and the
 results go to ``benchmarks/results/real_models.json`` and ``.md``:
 
-    python benchmarks/real_models/run.py                    # everything (about 11 minutes)
+    python benchmarks/real_models/run.py --configs austerity-taylor2 barker-taylor2 \
+        barker-taylor2-split                                # the recipes (about 11 minutes)
+    python benchmarks/real_models/run.py --configs austerity-defaults barker-defaults \
+        --name real_models_defaults                         # no arguments at all
     python benchmarks/real_models/run.py --models arK-arK --configs austerity-taylor2
 
 Per run: status (ok / refused / error / timeout), max over parameters of |mean error| / reference
@@ -71,6 +74,9 @@ CONFIGS: dict[str, Config] = {
     "barker-taylor2-split": Config(
         "MinibatchBarkerMH", CV, draws=40_000, tune=3000, split_hyperparameters=True
     ),
+    # Zero configuration (issue 14): the step with no arguments, pm.sample with no initvals.
+    "austerity-defaults": Config("AusterityMH", reference_point=False, draws=2000, tune=1000),
+    "barker-defaults": Config("MinibatchBarkerMH", reference_point=False, draws=2000, tune=1000),
 }
 
 
@@ -227,6 +233,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="*", default=list(MODELS))
     parser.add_argument("--configs", nargs="*", default=list(CONFIGS))
+    parser.add_argument("--name", default="real_models", help="results file name, no suffix")
     parser.add_argument("--child", nargs=3, metavar=("MODEL", "CONFIG", "OUT"))
     args = parser.parse_args()
     if args.child:
@@ -244,7 +251,7 @@ def main() -> None:
             print(summary_line(result), flush=True)
             runs.append(result)
     total = round(time.perf_counter() - start, 1)
-    write(runs, total, {m: load(m)["reference"] for m in args.models})
+    write(runs, total, {m: load(m)["reference"] for m in args.models}, args.name)
 
 
 def summary_line(r: dict[str, Any]) -> str:
@@ -257,8 +264,10 @@ def summary_line(r: dict[str, Any]) -> str:
     )
 
 
-def write(runs: list[dict[str, Any]], total_s: float, refs: dict[str, Any]) -> None:
-    """``results/real_models.json`` and ``results/real_models.md``."""
+def write(
+    runs: list[dict[str, Any]], total_s: float, refs: dict[str, Any], name: str = "real_models"
+) -> None:
+    """``results/<name>.json`` and ``results/<name>.md``."""
     from common import machine
 
     sources = {m: {k: v for k, v in r.items() if k != "params"} for m, r in refs.items()}
@@ -272,9 +281,9 @@ def write(runs: list[dict[str, Any]], total_s: float, refs: dict[str, Any]) -> N
         "runs": runs,
     }
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "real_models.json").write_text(json.dumps(payload, indent=1) + "\n")
-    (RESULTS / "real_models.md").write_text(markdown(runs, total_s) + "\n")
-    print(f"wrote {RESULTS / 'real_models.json'} and .md ({total_s} s)")
+    (RESULTS / f"{name}.json").write_text(json.dumps(payload, indent=1) + "\n")
+    (RESULTS / f"{name}.md").write_text(markdown(runs, total_s) + "\n")
+    print(f"wrote {RESULTS / name}.json and .md ({total_s} s)")
 
 
 def markdown(runs: list[dict[str, Any]], total_s: float) -> str:

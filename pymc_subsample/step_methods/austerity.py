@@ -89,10 +89,11 @@ class AusterityMH(SubsampleMetropolisBase):
         only the residuals. At temperature 1 this turns O(N) rows per step into O(1).
         ``"taylor2"`` (gradients and Hessians) leaves the smallest residuals; ``"taylor1"``
         needs only gradients per row; None turns it off. ``"auto"`` is ``"taylor2"`` at
-        temperature 1 and None for tempered posteriors; where it cannot apply (no row depends
-        on the step's variables, the likelihood reads variables another step samples, or the
-        automatic reference search fails) the step runs without it and says why in one
-        ``SubsampleWarning`` (attribute ``dropped_default``). Set-up costs a few chunked
+        temperature 1, and None for tempered posteriors and for steps over variables no row
+        reads (hyperparameters: one batch per draw anyway); where it cannot apply (the
+        likelihood reads variables another step samples, or the automatic reference search
+        fails) the step runs without it and says why in one ``SubsampleWarning`` (attribute
+        ``dropped_default``). Set-up costs a few chunked
         passes over the data (the reference search's rows are in attribute
         ``reference_rows``). The proposal covariance defaults to the Laplace approximation at
         the reference point, and tuning chains start near it. The decision is still exact

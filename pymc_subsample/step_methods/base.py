@@ -268,9 +268,11 @@ class SubsampleMetropolisBase(SubsampleStepBase):
                 proposal_cov = self.control.covariance
                 self._laplace_proposal = True
         if batch_size is None:
-            self.batch_size = (
+            default = (
                 self._uncontrolled_batch_size if self.control is None else CONTROLLED_BATCH_SIZE
             )
+            # At most N: with fewer rows than a default batch the test is exact, as it should be.
+            self.batch_size = min(default, self.oracles.n_rows)
         self.proposal: RandomWalkProposal | LangevinProposal = self._make_proposal(proposal_cov)
         self.diagnostics = self._make_diagnostics()
         self._pending_rows = 0
@@ -283,7 +285,7 @@ class SubsampleMetropolisBase(SubsampleStepBase):
         self.tune = True
         self.steps_until_tune = self.tune_interval
         self.accepted_since_tune = 0
-        if self.batch_size >= self.oracles.n_rows:
+        if batch_size is not None and self.batch_size >= self.oracles.n_rows:
             warn_user(
                 f"batch_size={self.batch_size} >= N={self.oracles.n_rows} rows: every test uses "
                 "all rows and is the exact test, without subsampling. Use a smaller batch_size "

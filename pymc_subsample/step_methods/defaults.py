@@ -8,12 +8,13 @@ variates reads a fixed share of the N rows per draw (91% of 1e6 rows on a logist
 at ``error_tolerance=0.001``); with them a fixed number of rows, whatever N.
 
 The default is dropped, with one ``SubsampleWarning`` that says why, where it cannot hold:
-no row of the likelihood depends on the step's variables (no per-row gradients), the likelihood
-reads variables another step samples (the proxies would be expanded at their old values), or
-the reference point search fails (no mode, a funnel, a posterior far from Gaussian). It is not
-used for tempered posteriors (``temperature != 1``), which are wider than the posterior by
-``sqrt(temperature)``, so that proxies around the posterior's mode do not hold where the chain
-goes, and whose tests are cheap without control variates.
+the likelihood reads variables another step samples (the proxies would be expanded at their old
+values), or the reference point search fails (no mode, a funnel, a posterior far from
+Gaussian). It is not used, without a warning, for tempered posteriors (``temperature != 1``),
+which are wider than the posterior by ``sqrt(temperature)``, so that proxies around the
+posterior's mode do not hold where the chain goes and the tests are cheap without them, nor
+for a step over variables no row of the likelihood reads (hyperparameters), whose test reads
+one batch per draw anyway.
 """
 
 from __future__ import annotations
@@ -53,16 +54,13 @@ def control_variate_obstacle(oracles: ModelOracles, temperature: float) -> str |
     -------
     str or None
         A reason in the user's words, to be completed by :func:`dropped_default_message`; an
-        empty string for a tempered posterior, where no control variate is the documented
-        default rather than a fallback (no warning).
+        empty string where no control variate is the documented default rather than a
+        fallback (no warning): a tempered posterior, or a step over variables no row reads.
     """
-    if temperature != 1.0:
+    if temperature != 1.0 or not oracles.rows_depend_on_q:
+        # A step over variables no row reads (hyperparameters) reads one batch per draw: its
+        # row differences are exactly 0, so there is nothing for a control variate to save.
         return ""
-    if not oracles.rows_depend_on_q:
-        return (
-            "no row of the likelihood depends on the step's variables (only the prior sees "
-            "them), so there are no per-row gradients to build Taylor proxies from"
-        )
     others = oracles.other_variables_in_rows
     if others:
         return (
