@@ -61,7 +61,7 @@ _CHUNK = 8192
 #: it (kilpisjarvi's uncentred years: condition number 1e12, correlation-form ratio 1e-5).
 _SINGULAR = 1e-10
 #: Draws of the Laplace check, and the largest sd of its log importance weights accepted.
-_LAPLACE_DRAWS = 10
+_LAPLACE_DRAWS = 40
 _LAPLACE_SPREAD = 10.0
 #: Rows whose residuals estimate each Laplace draw's log posterior (all rows when fewer).
 _LAPLACE_ROWS = 10_000
@@ -115,7 +115,7 @@ class ReferencePoint(Optimum):
     batch_sizes : list of int
         Rows the sequential test used at each iteration.
     laplace_log_weight_sd : float
-        Sd of the log importance weights of the Laplace approximation at the point, over 10
+        Sd of the log importance weights of the Laplace approximation at the point, over 40
         draws (0 for a Gaussian posterior; NaN when not computed): how far from Gaussian the
         posterior is around it.
     failure : str or None
@@ -194,7 +194,7 @@ def find_reference_point(
     curvature is not negative definite the step uses its eigenvalues' absolute values
     (saddle-free Newton). The point returned never has a lower full-data log posterior than
     the start (two log-likelihood passes), and the Laplace check costs one pass for the
-    gradient and Hessian sums and 10 x 10,000 rows' residuals: all at set-up.
+    gradient and Hessian sums and 40 x 10,000 rows' residuals: all at set-up.
 
     In a centred hierarchical model pass ``vars`` without the hyperparameters (the group mean
     and scale): the joint posterior has no mode (a funnel as the scale goes to 0), and the
@@ -485,7 +485,9 @@ def _laplace_log_weight_sd(
     ``m = min(N, 10,000)`` rows, the same rows for every draw. Its error is about
     ``N sd(r_i) / sqrt(m)``, far below the refusal threshold where the proxies hold and exact
     for N <= 10,000; where the posterior is far from Gaussian the residuals are large and so
-    is the spread. Ten full-data passes cost 0.8 s at N = 10^6; this costs one, plus 10^5 rows.
+    is the spread. 40 full-data passes would cost 3 s at N = 10^6; this costs one, plus 4 x 10^5
+    rows. Forty draws, not ten: with ten the estimate of the sd straddled the refusal threshold
+    by seed (9.5 and 19.7 at the same non-centred mode).
     """
     controlled = oracles.with_proxy_order(2)
     gradient_sum, hessian_sum = controlled.gradient_hessian_sums(q)

@@ -165,7 +165,7 @@ def test_hierarchy_with_defaults_runs_without_control_variate_and_says_why(centr
     with radon.radon_model(centred, **radon.SMALL):
         with pytest.warns(pms.SubsampleWarning, match=reason) as caught:
             step = pms.AusterityMH()
-    assert step.control is None and step.batch_size == 500
+    assert step.control is None and step.batch_size == min(500, step.n_rows)
     assert any("without its default control variate" in str(w.message) for w in caught)
 
 

@@ -96,7 +96,7 @@ class AusterityMH(SubsampleMetropolisBase):
         ``dropped_default``). Set-up costs a few chunked
         passes over the data (the reference search's rows are in attribute
         ``reference_rows``). The proposal covariance defaults to the Laplace approximation at
-        the reference point, and tuning chains start near it. The decision is still exact
+        the reference point, and chains start near it. The decision is still exact
         when all N rows are used.
     reference_point : dict or ReferencePoint, optional
         Expansion point of the control variate, in the unconstrained space, keyed by
@@ -105,7 +105,7 @@ class AusterityMH(SubsampleMetropolisBase):
         :func:`pymc_subsample.find_reference_point` (default settings, a fixed seed), once per
         model, data and start: every chain and every step built on the same model reuses it,
         as does a step built after ``find_reference_point()``; after ``pm.set_data`` it is found
-        again. A tuning chain that starts far from it starts at a draw from the Laplace
+        again. A chain that starts far from it starts at a draw from the Laplace
         approximation there instead.
     recenter : {None, "tune"}, default None
         ``"tune"``: at the end of tuning, re-expand at the mean of the last half of the tuning
