@@ -261,7 +261,7 @@ def row_loglik_graph(model: Model, layout: RowLayout) -> RowGraph:
 
         value_rows = placeholder(value) if value.owner is None else rows_of(value)
         ndim_supp = getattr(rv.owner.op, "ndim_supp", 0)
-        batch_shape = tuple(value.shape.eval())[: value.ndim - ndim_supp]
+        batch_shape = _observed_shape(model, observed_rv)[: value.ndim - ndim_supp]
         resized = change_dist_size(rv, new_size=(value_rows.shape[0], *batch_shape[1:]))
         row_term = _sum_trailing(logp(rows_of(resized), value_rows))
         check_support_is_fixed(row_term, placeholders.values(), model.values_to_rvs, [name])
