@@ -509,7 +509,9 @@ def _model_functions(
         prior_ratio=fixed([q, q_old], prior_q - prior_q_old),
         rows=fixed([q, *row_inputs], rows_q),
         ratio=fixed([q, q_old, *row_inputs], rows_q - rows_q_old),
-        full_rows=fixed([q], full_q),
+        # Called twice, by the self-check only: PyTensor's Python linker skips the rewrites and
+        # the JIT (0.3-0.5 s of set-up) and is fast enough for two vectorised passes.
+        full_rows=LazyFunction(partial(_given, [q], full_q), {**kwargs, "mode": "FAST_COMPILE"}),
         score=lazy(partial(_score_graph, rows_q, q, row_inputs)),
         prior_grad=lazy(partial(_prior_gradient_graph, prior_q, q)),
         residual={
