@@ -1,6 +1,6 @@
 """Find the row axis of a model and rebuild its likelihood as per-row terms for chosen rows.
 
-The graph surgery follows the route recorded in DESIGN.md section 5: for each observed variable
+The graph surgery (docs/architecture.md, "Model adapter"): for each observed variable
 on the row axis, unwrap the ``total_size`` wrapper, rebuild the random variable on the model's
 value variables, resize its batch dimension to the number of selected rows with
 ``change_dist_size``, replace every row-aligned data input ``D`` by a placeholder for ``D[idx]``
