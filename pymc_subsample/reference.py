@@ -67,6 +67,20 @@ _LAPLACE_SPREAD = 10.0
 _LAPLACE_ROWS = 10_000
 
 
+class _Settings(NamedTuple):
+    """The settings of a reference search, part of the key under which its result is kept."""
+
+    method: str = "newton"
+    error_tolerance: float = 0.01
+    batch_size: int | None = None
+    tol: float = 1e-4
+    max_iter: int = 100
+
+
+#: The default settings, shared by find_reference_point's signature and the steps' search.
+_DEFAULTS = _Settings()
+
+
 @dataclass(frozen=True)
 class Optimum:
     """Where :func:`optimise_reference` stopped, and the rows it read (see ReferencePoint)."""
@@ -80,6 +94,7 @@ class Optimum:
     batch_sizes: list[int]
     laplace_log_weight_sd: float = float("nan")
     failure: str | None = None
+    row_sums: tuple[np.ndarray, np.ndarray] | None = field(default=None, repr=False, compare=False)
 
     @property
     def n_row_evaluations(self) -> int:
@@ -122,6 +137,10 @@ class ReferencePoint(Optimum):
         Why the point is not a usable expansion point for control variates (no convergence away
         from a mode, a funnel, a singular Hessian, a posterior far from Gaussian), or None.
         Steps with control variates refuse a point with a failure.
+    row_sums : tuple of ndarray or None
+        The rows' summed log-likelihood gradient and Hessian at ``q`` over the data the search
+        read (None when the Laplace check did not run): a step given no reference point expands
+        its control variate with them instead of another pass.
     """
 
     point: dict[str, np.ndarray] = field(default_factory=dict)
@@ -133,11 +152,11 @@ def find_reference_point(
     *,
     model: pm.Model | None = None,
     start: dict[str, Any] | None = None,
-    method: str = "newton",
-    error_tolerance: float = 0.01,
-    batch_size: int | None = None,
-    tol: float = 1e-4,
-    max_iter: int = 100,
+    method: str = _DEFAULTS.method,
+    error_tolerance: float = _DEFAULTS.error_tolerance,
+    batch_size: int | None = _DEFAULTS.batch_size,
+    tol: float = _DEFAULTS.tol,
+    max_iter: int = _DEFAULTS.max_iter,
     obs_dim: str | None = None,
     random_seed: RandomGenerator = None,
     compile_kwargs: dict[str, Any] | None = None,
@@ -281,16 +300,6 @@ def funnel_explanation(model: pm.Model, value_vars: Sequence[TensorVariable]) ->
     )
 
 
-class _Settings(NamedTuple):
-    """The settings of a reference search, part of the key under which its result is kept."""
-
-    method: str = "newton"
-    error_tolerance: float = 0.01
-    batch_size: int | None = None
-    tol: float = 1e-4
-    max_iter: int = 100
-
-
 #: Seed of the steps' automatic reference search: the same model, data and start give the same
 #: reference point, so that pm.sample(random_seed=...) repeats a run in a new process.
 AUTOMATIC_SEARCH_SEED = 20_171_213
@@ -305,7 +314,7 @@ def automatic_reference(oracles: ModelOracles, funnel: str = "") -> Optimum:
     default settings. After ``pm.set_data`` the key changes and the search runs again.
     ``funnel`` (from :func:`funnel_explanation`) is prefixed to the message of a failure.
     """
-    settings = _Settings()
+    settings = _DEFAULTS
     key = (*oracles.state_key(oracles.initial_q), settings)
     found = oracles.references.get(key)
     if found is None:
@@ -343,6 +352,9 @@ def optimise_reference(
     sampler = RowSampler(n_rows)
     q0 = np.array(q0, dtype="float64")
     q = q0.copy()
+    # The Hessian sums read the variables outside q at their frozen copies, the scores at their
+    # current values: make them the same.
+    oracles.freeze_shared()
     counts = {"gradient": 0, "loglik": 0}
     start_value = _log_posterior(oracles, q0, counts)
     batch_sizes: list[int] = []
@@ -361,12 +373,7 @@ def optimise_reference(
         batch_sizes.append(rows.size)
         # Start the next test at this batch size: the precision needed grows near the mode,
         # and starting smaller lets a chance pass on few rows throw the iterate away again.
-        size = max(size, rows.size)
-        if 4 * size >= n_rows:
-            # A quarter of the rows or more: Newton on all of them costs at most 4x as much and
-            # converges quadratically, where a minibatch this large passed its test again and
-            # again with noisy steps (8 iterations at 409,600 of 1e6 rows on a logistic model).
-            size = n_rows
+        size = n_rows if _all_rows_pay(max(size, rows.size), n_rows) else max(size, rows.size)
         decrement = test.newton_decrement_sq
         last = curvature if rows.size == n_rows else None
         if rows.size == n_rows and decrement <= d and curvature.n_modified == 0:
@@ -388,9 +395,11 @@ def optimise_reference(
     )
     if failure is not None and nonfinite:
         failure = f"{nonfinite} (and so {failure})"
-    spread = float("nan")
+    spread, row_sums = float("nan"), None
     if failure is None and last is not None:
-        spread = _laplace_log_weight_sd(oracles, q, last.precision, rng, counts)
+        row_sums = oracles.gradient_hessian_sums(q)
+        counts["gradient"] += n_rows
+        spread = _laplace_log_weight_sd(oracles, q, last.precision, row_sums, rng, counts)
         if not spread <= _LAPLACE_SPREAD:
             failure = _not_gaussian(spread)
     return Optimum(
@@ -403,6 +412,7 @@ def optimise_reference(
         batch_sizes=batch_sizes,
         laplace_log_weight_sd=spread,
         failure=failure,
+        row_sums=row_sums,
     )
 
 
@@ -467,6 +477,7 @@ def _laplace_log_weight_sd(
     oracles: ModelOracles,
     q: np.ndarray,
     precision: np.ndarray,
+    row_sums: tuple[np.ndarray, np.ndarray],
     rng: np.random.Generator,
     counts: dict[str, int],
 ) -> float:
@@ -481,8 +492,8 @@ def _laplace_log_weight_sd(
 
     ``log p(x) - log p(q)`` is the second-order control variate's difference estimator
     (docs/control_variates.md): the exact sum of the rows' second-order Taylor terms at ``q``
-    (one chunked pass for the gradient and Hessian sums) plus ``N / m`` times the residuals of
-    ``m = min(N, 10,000)`` rows, the same rows for every draw. Its error is about
+    (from ``row_sums``, the rows' summed gradient and Hessian there) plus ``N / m`` times the
+    residuals of ``m = min(N, 10,000)`` rows, the same rows for every draw. Its error is about
     ``N sd(r_i) / sqrt(m)``, far below the refusal threshold where the proxies hold and exact
     for N <= 10,000; where the posterior is far from Gaussian the residuals are large and so
     is the spread. 40 full-data passes would cost 3 s at N = 10^6; this costs one, plus 4 x 10^5
@@ -490,12 +501,11 @@ def _laplace_log_weight_sd(
     by seed (9.5 and 19.7 at the same non-centred mode).
     """
     controlled = oracles.with_proxy_order(2)
-    gradient_sum, hessian_sum = controlled.gradient_hessian_sums(q)
+    gradient_sum, hessian_sum = row_sums
     n_rows = oracles.n_rows
     sampler = RowSampler(n_rows)
     sampler.start_test()
     rows = sampler.draw(rng, min(n_rows, _LAPLACE_ROWS))
-    counts["gradient"] += n_rows
     factor = cholesky(precision, lower=True)
     log_weights = np.empty(_LAPLACE_DRAWS)
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
@@ -592,9 +602,18 @@ def _tested_update(
             )
         if n_used == n_rows or test.passes(z):
             return np.concatenate(chunks), test, curvature
-        # Double the batch; past half of the rows take them all: an iteration on 80% of them
-        # costs nearly a full pass and leaves the noise of the rest.
-        size = n_used if 4 * n_used < n_rows else n_rows - n_used
+        # Double the batch, or take all rows once they pay.
+        size = n_rows - n_used if _all_rows_pay(n_used, n_rows) else n_used
+
+
+def _all_rows_pay(n_used: int, n_rows: int) -> bool:
+    """Whether a batch that needs ``n_used`` rows or more should use all of them.
+
+    From a quarter of the rows on, Newton on all of them costs at most 4x as much, converges
+    quadratically and has no subsampling noise, where a minibatch that large passed its test
+    again and again with noisy steps (8 iterations at 409,600 of 1e6 rows on a logistic model).
+    """
+    return 4 * n_used >= n_rows
 
 
 def _line_search(

@@ -296,16 +296,16 @@ class SubsampleMetropolisBase(SubsampleStepBase):
         # New data (pm.set_data): new N for the row sampler and the diagnostics, and new
         # gradient and Hessian sums for the control variate, found again when it was automatic.
         self.row_sampler = RowSampler(self.oracles.n_rows)
-        self.diagnostics = self._make_diagnostics()
         if self.control is not None:
             self.control = self._make_control_variate(self._reference_point)
             if self.control is None:  # the automatic search failed on the new data
                 self.control_variate = None
-                self._laplace_proposal = False
-                self.proposal = self._make_proposal(None)
-            elif self._laplace_proposal:
-                self.proposal = self._make_proposal(self.control.covariance)
-            self.diagnostics = self._make_diagnostics()
+            if self._laplace_proposal:  # a proposal_cov the user gave stays
+                self._laplace_proposal = self.control is not None
+                self.proposal = self._make_proposal(
+                    None if self.control is None else self.control.covariance
+                )
+        self.diagnostics = self._make_diagnostics()
 
     def _make_diagnostics(self) -> ChainDiagnostics:
         return ChainDiagnostics(
@@ -360,10 +360,11 @@ class SubsampleMetropolisBase(SubsampleStepBase):
                     "pms.find_reference_point() names the cause in hierarchical models."
                 )
             self.reference_rows = optimum.n_row_evaluations
-            reference = optimum.q
+            reference, row_sums = optimum.q, optimum.row_sums  # the search's own pass
         else:
             reference = reference_vector(reference_point, self.vars, self._initial_point)
-        control = ControlVariate(self.oracles, reference, self.temperature)
+            row_sums = None  # the point may come from other data: one pass here
+        control = ControlVariate(self.oracles, reference, self.temperature, row_sums)
         if control.n_clipped:
             warn_user(
                 f"The log posterior's Hessian at the reference point has {control.n_clipped} "

@@ -39,27 +39,45 @@ class ControlVariate:
         The reference point ``q*`` (raveled, unconstrained).
     temperature : float
         Likelihood temperature of the step (for the Laplace covariance).
+    row_sums : tuple of ndarray, optional
+        The rows' summed gradient and Hessian at ``reference`` on the current data, with the
+        other variables at their current values (an automatic reference search's
+        ``row_sums``); computed by a pass over the rows when not given.
     """
 
-    def __init__(self, oracles: ModelOracles, reference: np.ndarray, temperature: float) -> None:
+    def __init__(
+        self,
+        oracles: ModelOracles,
+        reference: np.ndarray,
+        temperature: float,
+        row_sums: tuple[np.ndarray, np.ndarray] | None = None,
+    ) -> None:
         self.oracles = oracles
         self.temperature = temperature
         self.limit = mahalanobis_limit(oracles.n_params)
-        self.recenter(reference)
+        self.recenter(reference, row_sums)
         self._initial = self._state()
 
-    def recenter(self, reference: np.ndarray) -> int:
-        """Expand around ``reference``: one chunked pass over all rows. Returns the rows read."""
+    def recenter(
+        self, reference: np.ndarray, row_sums: tuple[np.ndarray, np.ndarray] | None = None
+    ) -> int:
+        """Expand around ``reference``: one chunked pass over all rows unless ``row_sums``.
+
+        Returns the rows read.
+        """
         oracles = self.oracles
         oracles.freeze_shared()
-        gradient_sum, hessian_sum = oracles.gradient_hessian_sums(reference)
+        if row_sums is not None:
+            gradient_sum, hessian_sum = row_sums
+        else:
+            gradient_sum, hessian_sum = oracles.gradient_hessian_sums(reference)
         self.proxy = TaylorProxy(
             np.array(reference, dtype="float64"), gradient_sum, hessian_sum, oracles.proxy_order
         )
         self.covariance, self.precision, self.n_clipped = laplace_covariance(
             hessian_sum, oracles.log_prior_hessian(reference), self.temperature
         )
-        return oracles.n_rows
+        return 0 if row_sums is not None else oracles.n_rows
 
     def reset(self) -> bool:
         """Return to the expansion made at construction; whether anything changed."""

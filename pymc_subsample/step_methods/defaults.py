@@ -33,11 +33,9 @@ __all__ = [
 AUTO = "auto"
 #: What ``"auto"`` becomes where it applies.
 DEFAULT_CONTROL_VARIATE = "taylor2"
-#: Default ``batch_size`` with a control variate (see docs/control_variates.md, "Defaults").
+#: Default ``batch_size`` with a control variate (measured in docs/control_variates.md,
+#: "Defaults, and when they are dropped").
 CONTROLLED_BATCH_SIZE = 100
-#: The seed of the automatic reference search: the same model and data give the same reference,
-#: so that ``pm.sample(random_seed=...)`` reproduces a run in a new process.
-REFERENCE_SEED = 20_171_213
 
 
 def control_variate_obstacle(oracles: ModelOracles, temperature: float) -> str | None:

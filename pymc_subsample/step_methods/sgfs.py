@@ -261,10 +261,9 @@ class SGFS(SubsampleStepBase):
             else self.step_size
         )
         q = q0.data
-        if self._start_near_reference:
-            self._start_near_reference = False
-            if self._reference is not None:
-                q = self._reference.chain_start(q, self.rng)
+        if self._start_near_reference and self._reference is not None:
+            self._start_near_reference = False  # set at a chain's start, only with a reference
+            q = self._reference.chain_start(q, self.rng)
         # Rows with replacement: gamma = (N + n) / n assumes an i.i.d. minibatch; without
         # replacement the gradient noise is smaller by (1 - n/N) and gamma over-corrects (posterior
         # sds measured sqrt(1 - n/N) too small).
