@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import numpy as np
-from scipy.linalg import cho_factor, cho_solve
+from scipy.linalg import cho_factor, cho_solve, solve_discrete_lyapunov
 
 __all__ = [
     "SGFSFactors",
@@ -30,6 +30,8 @@ __all__ = [
     "sgfs_precision",
     "sgfs_step",
     "sgfs_update",
+    "stationary_covariance",
+    "stationary_sd_ratios",
     "update_fisher_average",
 ]
 
@@ -185,3 +187,77 @@ def sgfs_step(
     noise = noise_factor * z if noise_factor.ndim == 1 else noise_factor @ z
     force = prior_grad + n_rows * scores.mean(axis=0) + noise
     return _move(q, force, factors.precision_factor)
+
+
+def stationary_covariance(
+    fisher: np.ndarray,
+    score_covariance: np.ndarray,
+    n_rows: int,
+    batch_size: int,
+    step_size: float,
+    preconditioner: np.ndarray | None = None,
+) -> np.ndarray:
+    """Stationary covariance of SGFS on the Bernstein-von Mises Gaussian, for a given ``I_hat``.
+
+    Near the mode the minibatch term is ``N g_bar ~ N(-P (q - q0), N^2 J / n)`` (eqs. 5-6, rows
+    drawn with replacement), with ``J`` the covariance of one row's score and the posterior
+    precision ``P = N J`` (Bernstein-von Mises). The update (eq. 11) is then the linear
+    recursion ``q' - q0 = (1 - A P)(q - q0) + A (phi + eta)`` with ``A = 2 M^{-1}`` and
+    ``M = gamma N I_hat + 4 B / eps``, whose stationary covariance ``S`` solves the discrete
+    Lyapunov equation ``S = T S T^T + A (N^2 J / n + 4 B / eps) A^T``, ``T = 1 - A P``. With
+    ``I_hat = J`` this is ``P^{-1}`` at every step size (the derivation of eq. 8); with another
+    ``I_hat`` (averaged far from the mode, or SGFS-d's diagonal on correlated scores) it is not.
+
+    Parameters
+    ----------
+    fisher : ndarray
+        The ``I_hat`` in ``M``: (d, d), or its diagonal (d,) for SGFS-d.
+    score_covariance : ndarray
+        ``J``, (d, d): the covariance of the scores near the mode.
+    n_rows, batch_size : int
+        N and n.
+    step_size : float
+        The paper's epsilon.
+    preconditioner : ndarray, optional
+        B, shaped like ``fisher``; default ``gamma N I_hat`` as in :func:`sgfs_factors`.
+
+    Returns
+    -------
+    ndarray
+        ``S``, (d, d).
+
+    Examples
+    --------
+    With ``I_hat = J`` it is the Bernstein-von Mises covariance ``(N J)^-1``:
+
+    >>> S = stationary_covariance(np.array([[2.0]]), np.array([[2.0]]), 1000, 10, 1.0)
+    >>> round(float(S[0, 0]) * 1000 * 2.0, 10)
+    1.0
+    """
+    gamma = sgfs_gamma(n_rows, batch_size)
+    used = np.diag(fisher) if fisher.ndim == 1 else fisher
+    if preconditioner is None:
+        b = gamma * n_rows * used
+    else:
+        b = np.diag(preconditioner) if preconditioner.ndim == 1 else preconditioner
+    gain = 2.0 * np.linalg.inv(gamma * n_rows * used + 4.0 * b / step_size)
+    transition = np.eye(used.shape[0]) - gain @ (n_rows * score_covariance)
+    noise = n_rows**2 * score_covariance / batch_size + 4.0 * b / step_size
+    covariance = solve_discrete_lyapunov(transition, gain @ noise @ gain.T)
+    return 0.5 * (covariance + covariance.T)
+
+
+def stationary_sd_ratios(covariance: np.ndarray, precision: np.ndarray) -> tuple[float, float]:
+    """Smallest and largest sd of ``covariance`` over that of ``precision^-1``, over directions.
+
+    The square roots of the extreme eigenvalues of ``L^T S L`` with ``P = L L^T``: 1 and 1 when
+    ``S = P^{-1}``.
+
+    Examples
+    --------
+    >>> stationary_sd_ratios(np.diag([4.0, 0.25]), np.eye(2))
+    (0.5, 2.0)
+    """
+    factor = np.linalg.cholesky(precision)
+    values = np.linalg.eigvalsh(factor.T @ covariance @ factor)
+    return float(np.sqrt(max(values.min(), 0.0))), float(np.sqrt(values.max()))

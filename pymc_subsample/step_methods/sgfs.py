@@ -16,11 +16,14 @@ from pymc.step_methods.state import dataclass_state
 from pymc.util import RandomGenerator
 from pytensor.tensor.variable import TensorVariable
 
+from pymc_subsample.kernels.control_variates import mahalanobis_limit
 from pymc_subsample.kernels.sgfs import (
     SGFSFactors,
     empirical_fisher,
     sgfs_factors,
     sgfs_step,
+    stationary_covariance,
+    stationary_sd_ratios,
     update_fisher_average,
 )
 from pymc_subsample.reference import automatic_reference
@@ -30,6 +33,18 @@ from pymc_subsample.step_methods.sgfs_start import ReferenceFisher, reference_fi
 from pymc_subsample.warnings import warn_user
 
 __all__ = ["SGFS", "PolynomialStepSize"]
+
+#: Default step size when the chains start at a reference point: the contraction per step near
+#: the mode, ``2 / (gamma (1 + 4 / eps))``, is then 91% of its large-step limit ``2 / gamma``,
+#: and the chain samples the Bernstein-von Mises Gaussian that the reference search checked
+#: (docs/sgfs.md, "Defaults").
+REFERENCE_STEP_SIZE = 40.0
+#: Step size without a reference point (the chain may start far from the mode).
+INITIAL_STEP_SIZE = 1.0
+#: Warn when the predicted stationary sd is off by more than this factor in some direction.
+SPREAD_TOLERANCE = 1.1
+#: Tuning draws per block of score covariances; the check uses the last half of the blocks.
+_SPREAD_BLOCK = 50
 
 
 @dataclass(frozen=True)
@@ -83,10 +98,14 @@ class SGFS(SubsampleStepBase):
         information of a prior-only variable is zero). Sample others with another step.
     batch_size : int, default 500
         Rows per step (n), between 2 and N; the paper recommends more than 100 for the CLT.
-    step_size : float, default 1
+    step_size : float, optional
         The paper's epsilon (``alpha = 2 / sqrt(eps)`` in its experiments). Large steps sample
         the Bernstein-von Mises Gaussian approximation of the posterior; small steps behave
-        like preconditioned SGLD, whose bias vanishes only as the step goes to 0.
+        like preconditioned SGLD, whose bias vanishes only as the step goes to 0. Default
+        :data:`REFERENCE_STEP_SIZE` (40) when the chains start at a reference point (the
+        default ``start``; the automatic search checks that the posterior is close to that
+        Gaussian there), where the contraction per step is within 10% of its large-step
+        limit; else 1.
     fisher : {"full", "diagonal"}, default "full"
         SGFS-f or SGFS-d (diagonal ``I_hat``; exact only at small step sizes).
     preconditioner : array_like, optional
@@ -112,6 +131,18 @@ class SGFS(SubsampleStepBase):
         As for :class:`~pymc_subsample.AusterityMH`.
     obs_dim, model, rng, compile_kwargs
         As for :class:`~pymc_subsample.AusterityMH`.
+
+    Warns
+    -----
+    SubsampleWarning
+        At the end of tuning, (1) when the last half of tuning was still far from the mode
+        (its mean gradient, whitened by the scores' covariance, beyond the chi-square(d)
+        1 - 1e-6 limit): the draws would still be approaching it; or (2) when the stationary
+        sds predicted from the Fisher average in use and the scores' covariance over the last
+        half of tuning (``kernels.sgfs.stationary_covariance``) differ from the
+        Bernstein-von Mises sds by more than 10% in some direction: the paper's bias at large
+        step size when ``I_hat`` is not the scores' covariance. The message names the knob
+        (the start, more tuning, ``fisher="full"``, the step size that brings it within 10%).
 
     Notes
     -----
@@ -159,7 +190,7 @@ class SGFS(SubsampleStepBase):
         compile_kwargs: dict[str, Any] | None = None,
         blocked: bool = True,
     ) -> None:
-        self.step_size = _check_step_size(step_size, step_size_schedule)
+        self._given_step_size = _check_step_size(step_size, step_size_schedule)
         self.step_size_schedule = step_size_schedule
         self.diagonal = _check_choice("fisher", fisher, ("full", "diagonal")) == "diagonal"
         self.adapt_always = (
@@ -192,6 +223,16 @@ class SGFS(SubsampleStepBase):
         self._reference: ReferenceFisher | None = None
         if self.start == "reference":
             self._reference = self._find_reference()
+        self.step_size = self._given_step_size
+        if step_size is None and step_size_schedule is None:
+            self.step_size = INITIAL_STEP_SIZE if self._reference is None else REFERENCE_STEP_SIZE
+        # Score covariances of the tuning draws, summed in blocks: the spread check reads the
+        # last half of them at the end of tuning.
+        self._score_blocks: list[np.ndarray] = []
+        self._tune_count = 0
+        #: Smallest and largest predicted stationary sd over the Bernstein-von Mises sd, over
+        #: directions, at the end of the last tuning (NaN before).
+        self.predicted_sd_ratios = (float("nan"), float("nan"))
         self.tune = True
         self.fisher: np.ndarray | None = None
         self.fisher_count = 0
@@ -233,6 +274,111 @@ class SGFS(SubsampleStepBase):
             self.fisher_count = self._reference.weight
         self._start_near_reference = self._reference is not None
         self._factors = None
+        self._score_blocks = []
+        self._tune_count = 0
+
+    def stop_tuning(self) -> None:
+        """End tuning; warn if the stationary spread predicted from it is off (class docs)."""
+        if self.tune:
+            self._check_spread()
+        super().stop_tuning()
+
+    def _check_spread(self) -> None:
+        blocks = self._score_blocks[len(self._score_blocks) // 2 :]
+        if self.fisher is None or not blocks:
+            return
+        total = np.sum(blocks, axis=0)
+        count = float(total[-1, 0])
+        scores, force = total[:-2] / count, total[-2] / count
+        step_size = self._step_size(max(self.step_count, 1))
+        precision = self.n_rows * scores
+        try:
+            ratios = stationary_sd_ratios(self._predicted(scores, step_size), precision)
+        except np.linalg.LinAlgError:
+            return  # a singular score covariance: the Fisher check of the factors says so
+        self.predicted_sd_ratios = ratios
+        if self._warn_if_far(force, precision, count):
+            return
+        if 1.0 / SPREAD_TOLERANCE <= ratios[0] and ratios[1] <= SPREAD_TOLERANCE:
+            return
+        advice = "lower step_size"
+        within = self._step_size_within_tolerance(scores, precision, step_size)
+        if within is not None:
+            slower = (1.0 + 4.0 / within) / (1.0 + 4.0 / step_size)
+            advice = (
+                f"step_size={within:.3g} brings it within {SPREAD_TOLERANCE - 1:.0%} "
+                f"(mixing about {slower:.2g}x slower)"
+            )
+        start = (
+            "start='reference' (the default) so that the average begins near the mode"
+            if self._reference is None
+            else "fisher='full'"
+            if self.diagonal
+            else "more tuning draws"
+        )
+        warn_user(
+            "SGFS's stationary sds are predicted to be "
+            f"{ratios[0]:.2f}x to {ratios[1]:.2f}x the posterior's (Bernstein-von Mises) over "
+            "directions: its noise correction gamma N I_hat (Ahn et al. 2012, eq. 8) assumes "
+            "the Fisher average I_hat equals the covariance of the scores, and over the last "
+            f"half of tuning it did not. Use {start}, or {advice}."
+        )
+
+    def _warn_if_far(self, force: np.ndarray, precision: np.ndarray, count: float) -> bool:
+        """Warn (and return True) if the last half of tuning was still far from the mode.
+
+        Near the mode the force of eq. 11 (without its noise) is ``-P (q - q0) + phi`` with
+        ``P = N J`` and ``phi`` the minibatch noise, of covariance ``N^2 J / n`` (eq. 6). Its
+        mean over the ``T`` steps of the window, ``f``, estimates ``-P (q_bar - q0)``:
+        ``f^T P^-1 f / (1 + N / (n T))`` is then at most about chi-square(d) for a stationary
+        chain (``q_bar`` is no farther from the mode than a draw, and the noise's mean adds
+        ``N / (n T)`` per dimension), far more for a chain still approaching the mode, whose
+        draws are then spread along its path (``start="initial"`` on a linear regression:
+        sds up to 15x too wide) or stuck (a tiny step size).
+        """
+        noise_share = 1.0 + self.n_rows / (self.batch_size * count)
+        distance_sq = float(force @ np.linalg.solve(precision, force)) / noise_share
+        if distance_sq <= mahalanobis_limit(force.size):
+            return False
+        per_sample = self.n_rows / self.batch_size * (1.0 + 4.0 / self._step_size(self.step_count))
+        warn_user(
+            "SGFS had not reached its stationary distribution when tuning ended: over the last "
+            f"half of tuning the chain was about {np.sqrt(distance_sq):.3g} posterior sds from "
+            "the mode (by its mean gradient and the scores' covariance), where a stationary "
+            "chain is a few; its draws will still be approaching the mode. "
+            + ("Use start='reference' (the default), or " if self._reference is None else "Use ")
+            + f"more tuning draws (near the mode it needs about {per_sample:.3g} steps per "
+            "effective sample; a larger step_size needs fewer)."
+        )
+        return True
+
+    def _predicted(self, scores: np.ndarray, step_size: float) -> np.ndarray:
+        assert self.fisher is not None
+        return stationary_covariance(
+            self.fisher, scores, self.n_rows, self.batch_size, step_size, self.preconditioner
+        )
+
+    def _step_size_within_tolerance(
+        self, scores: np.ndarray, precision: np.ndarray, step_size: float
+    ) -> float | None:
+        """Largest step size (bisection in log, 30 halvings) whose predicted spread is within."""
+
+        def within(eps: float) -> bool:
+            low, high = stationary_sd_ratios(self._predicted(scores, eps), precision)
+            return 1.0 / SPREAD_TOLERANCE <= low and high <= SPREAD_TOLERANCE
+
+        low, high = step_size * 1e-6, step_size
+        if not within(low):
+            return None
+        for _ in range(30):
+            middle = float(np.sqrt(low * high))
+            low, high = (middle, high) if within(middle) else (low, middle)
+        return low
+
+    def _step_size(self, t: int) -> float:
+        if self.step_size_schedule is not None:
+            return float(self.step_size_schedule(t))
+        return self.step_size
 
     def _current_factors(self, step_size: float) -> SGFSFactors:
         assert self.fisher is not None
@@ -255,11 +401,7 @@ class SGFS(SubsampleStepBase):
     def astep(self, q0: RaveledVars) -> tuple[RaveledVars, list[dict[str, Any]]]:
         """One SGFS update on a fresh minibatch."""
         self.step_count += 1
-        step_size = (
-            float(self.step_size_schedule(self.step_count))
-            if self.step_size_schedule is not None
-            else self.step_size
-        )
+        step_size = self._step_size(self.step_count)
         q = q0.data
         if self._start_near_reference and self._reference is not None:
             self._start_near_reference = False  # set at a chain's start, only with a reference
@@ -274,7 +416,10 @@ class SGFS(SubsampleStepBase):
             batch_fisher = empirical_fisher(scores, self.diagonal)
             self.fisher = update_fisher_average(self.fisher, batch_fisher, self.fisher_count)
         factors = self._current_factors(step_size)
-        q_new = sgfs_step(self.rng, q, self.oracles.log_prior_grad(q), scores, self.n_rows, factors)
+        prior_grad = self.oracles.log_prior_grad(q)
+        if self.tune:
+            self._record_tuning(scores, prior_grad + self.n_rows * scores.mean(axis=0))
+        q_new = sgfs_step(self.rng, q, prior_grad, scores, self.n_rows, factors)
         finite = bool(np.all(np.isfinite(q_new)))
         stats = {
             "n_data": self.batch_size,
@@ -283,6 +428,17 @@ class SGFS(SubsampleStepBase):
             "nonfinite_update": not finite,
         }
         return RaveledVars(q_new if finite else q, q0.point_map_info), [stats]
+
+    def _record_tuning(self, scores: np.ndarray, force: np.ndarray) -> None:
+        # Per block: the summed score covariances (d rows), the summed forces and the count.
+        if self._tune_count % _SPREAD_BLOCK == 0:
+            d = scores.shape[1]
+            self._score_blocks.append(np.zeros((d + 2, d)))
+        block = self._score_blocks[-1]
+        block[:-2] += empirical_fisher(scores, diagonal=False)
+        block[-2] += force
+        block[-1] += 1.0
+        self._tune_count += 1
 
 
 def _check_step_size(step_size: float | None, schedule: Callable[[int], float] | None) -> float:
