@@ -213,6 +213,8 @@ def evaluated_prefix(chunks: tuple[np.ndarray, ...], n_values: int) -> np.ndarra
 def _chunk_stages(
     values: np.ndarray, sums: _Sums, batch_size: int, n_rows: int, threshold: float
 ) -> tuple[StageStatistics, _Sums]:
+    if values.size <= batch_size and sums.n_values + values.size >= 2:
+        return _one_stage(values, sums, n_rows, threshold)
     starts = np.arange(0, values.size, batch_size)
     deviations = values - sums.shift
     cumulative = sums.total + np.add.reduceat(deviations, starts).cumsum()
@@ -221,3 +223,34 @@ def _chunk_stages(
     stats = stage_statistics(n_values, cumulative, cumulative_sq, sums.shift, n_rows, threshold)
     new_sums = _Sums(int(n_values[-1]), sums.shift, float(cumulative[-1]), float(cumulative_sq[-1]))
     return stats, new_sums
+
+
+def _one_stage(
+    values: np.ndarray, sums: _Sums, n_rows: int, threshold: float
+) -> tuple[StageStatistics, _Sums]:
+    """:func:`stage_statistics` of a call holding one stage, in scalar arithmetic.
+
+    Most draws of a control-variate step decide on their first stage; on length-1 arrays the
+    vectorised path costs several times the arithmetic (issue "A composable sampling core",
+    item 3). The formulas are those of :func:`stage_statistics` (eqs. 4, 5 of Korattikara et al.
+    2014), including its conventions for a zero standard error.
+    """
+    deviations = values - sums.shift
+    total = sums.total + float(deviations.sum())
+    total_sq = sums.total_sq + float(deviations @ deviations)
+    n_values = sums.n_values + values.size
+    shifted_mean = total / n_values
+    mean = sums.shift + shifted_mean
+    sample_var = max(total_sq - total * shifted_mean, 0.0) / (n_values - 1)
+    finite_population = 1.0 - (n_values - 1) / (n_rows - 1) if n_rows > 1 else math.nan
+    std_error = math.sqrt(sample_var * finite_population / n_values)
+    gap = abs(mean - threshold)
+    if std_error > 0.0:
+        t_statistic = gap / std_error
+    else:
+        t_statistic = math.inf if gap > 0.0 else math.nan
+    test_error = float(stdtr(n_values - 1, -t_statistic))
+    stats = StageStatistics(
+        np.array([n_values]), np.array([mean]), np.array([std_error]), np.array([test_error])
+    )
+    return stats, _Sums(n_values, sums.shift, total, total_sq)
