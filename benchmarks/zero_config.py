@@ -19,7 +19,9 @@ step cannot reuse functions another compiled) and reports:
 Run ``python benchmarks/zero_config.py`` (about 20 minutes on 2 cores, 17 of them nutpie);
 ``--rows 100000`` for a quick look; ``--reuse-nuts`` reruns the two steps only and takes the
 NUTS run from the existing ``results/zero_config.json`` (same rows, same machine). Writes
-``results/zero_config.json``.
+``results/zero_config.json``. ``--steps-only --rows 10000000`` runs the two steps alone at
+another N (memory and per-draw cost; no NUTS, no ratios) into
+``results/zero_config_<rows>.json``.
 """
 
 from __future__ import annotations
@@ -127,14 +129,38 @@ def compare(run: dict[str, Any], mean: np.ndarray, sd: np.ndarray) -> dict[str, 
     }
 
 
+def _run_child(sampler: str, rows: int) -> dict[str, Any]:
+    """Run one sampler in a fresh process and return its measurements."""
+    command = [sys.executable, str(Path(__file__)), "--child", sampler, "--rows", str(rows)]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"{sampler} failed:\n{done.stderr[-3000:]}")
+    run: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    print(sampler, {k: v for k, v in run.items() if k not in ("mean", "sd")})
+    return run
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--reuse-nuts", action="store_true", help="keep the last NUTS run")
     parser.add_argument("--child", choices=SAMPLERS, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--steps-only",
+        action="store_true",
+        help="run the two steps without NUTS (no ratios) and write results/zero_config_<rows>.json:"
+        " the memory and per-draw cost at another N",
+    )
     args = parser.parse_args()
     if args.child:
         print(json.dumps(run_one(args.child, args.rows)))
+        return
+    if args.steps_only:
+        steps = {sampler: _run_child(sampler, args.rows) for sampler in ("austerity", "barker")}
+        for run in steps.values():
+            run["memory_growth_over_data"] = run["rss_growth_bytes"] / run["data_bytes"]
+            run["peak_rss_over_data"] = run["peak_rss_bytes"] / run["data_bytes"]
+        write_json(f"zero_config_{args.rows}", {"rows": args.rows, "features": 10, "runs": steps})
         return
     runs: dict[str, Any] = {}
     if args.reuse_nuts:
@@ -146,13 +172,7 @@ def main() -> None:
     for sampler in SAMPLERS:
         if sampler in runs:
             continue
-        command = [sys.executable, str(Path(__file__)), "--child", sampler]
-        command += ["--rows", str(args.rows)]
-        done = subprocess.run(command, capture_output=True, text=True, check=False)
-        if done.returncode != 0:
-            raise RuntimeError(f"{sampler} failed:\n{done.stderr[-3000:]}")
-        runs[sampler] = json.loads(done.stdout.strip().splitlines()[-1])
-        print(sampler, {k: v for k, v in runs[sampler].items() if k not in ("mean", "sd")})
+        runs[sampler] = _run_child(sampler, args.rows)
     X, y = logistic_data(args.rows, 10)
     laplace = laplace_reference(X, y)
     nuts = runs["nuts"]

@@ -359,11 +359,12 @@ def optimise_reference(
     start_value = _log_posterior(oracles, q0, counts)
     batch_sizes: list[int] = []
     converged, decrement, last = False, float("inf"), None
+    final_sums: tuple[np.ndarray, np.ndarray] | None = None
     nonfinite = ""
     size = first
     for _ in range(max_iter):
         try:
-            rows, test, curvature = _tested_update(
+            rows, test, curvature, sums = _tested_update(
                 oracles, q, sampler, rng, size, z, method, counts
             )
         except FloatingPointError as error:
@@ -376,6 +377,13 @@ def optimise_reference(
         size = n_rows if _all_rows_pay(max(size, rows.size), n_rows) else max(size, rows.size)
         decrement = test.newton_decrement_sq
         last = curvature if rows.size == n_rows else None
+        if rows.size == n_rows and decrement < tol:
+            # Converged on all rows: the remaining step is below tol in squared posterior sds.
+            # Stay at this point, where the rows' summed gradient and Hessian were just computed:
+            # the control variate takes them instead of another full pass.
+            converged = curvature.n_modified == 0
+            final_sums = sums
+            break
         if rows.size == n_rows and decrement <= d and curvature.n_modified == 0:
             # Within about one posterior sd of a mode on all rows, where the curvature is
             # negative definite: the quadratic regime, where the full Newton step needs no
@@ -383,9 +391,6 @@ def optimise_reference(
             q = q + test.step
         else:
             q = _line_search(oracles, q, test.step, rows, decrement, counts)
-        if rows.size == n_rows and decrement < tol:
-            converged = curvature.n_modified == 0
-            break
     end_value = _log_posterior(oracles, q, counts)
     if not end_value >= start_value:
         # Never hand back a point worse than the start (or with a non-finite log density).
@@ -397,8 +402,10 @@ def optimise_reference(
         failure = f"{nonfinite} (and so {failure})"
     spread, row_sums = float("nan"), None
     if failure is None and last is not None:
-        row_sums = oracles.gradient_hessian_sums(q)
-        counts["gradient"] += n_rows
+        row_sums = final_sums
+        if row_sums is None:
+            row_sums = oracles.gradient_hessian_sums(q)
+            counts["gradient"] += n_rows
         spread = _laplace_log_weight_sd(oracles, q, last.precision, row_sums, rng, counts)
         if not spread <= _LAPLACE_SPREAD:
             failure = _not_gaussian(spread)
@@ -560,8 +567,12 @@ def _tested_update(
     z: float,
     method: str,
     counts: dict[str, int],
-) -> tuple[np.ndarray, DirectionTest, Curvature]:
-    """Grow a minibatch (doubling) until the update passes the direction test; all rows at most."""
+) -> tuple[np.ndarray, DirectionTest, Curvature, tuple[np.ndarray, np.ndarray] | None]:
+    """Grow a minibatch (doubling) until the update passes the direction test; all rows at most.
+
+    Returns the rows used, the test, the curvature and, for ``method="newton"`` on all rows, the
+    rows' summed gradient and Hessian at ``q`` (else None).
+    """
     n_rows, d = oracles.n_rows, oracles.n_params
     sampler.start_test()
     prior_gradient = oracles.log_prior_grad(q)
@@ -601,7 +612,10 @@ def _tested_update(
                 prior_gradient + scale * score_sum, curvature.precision, covariance, n_used, n_rows
             )
         if n_used == n_rows or test.passes(z):
-            return np.concatenate(chunks), test, curvature
+            full_sums = (
+                (score_sum, hessian_sum) if n_used == n_rows and method == "newton" else None
+            )
+            return np.concatenate(chunks), test, curvature, full_sums
         # Double the batch, or take all rows once they pay.
         size = n_rows - n_used if _all_rows_pay(n_used, n_rows) else n_used
 
