@@ -196,17 +196,22 @@ def stationary_covariance(
     batch_size: int,
     step_size: float,
     preconditioner: np.ndarray | None = None,
+    precision: np.ndarray | None = None,
 ) -> np.ndarray:
-    """Stationary covariance of SGFS on the Bernstein-von Mises Gaussian, for a given ``I_hat``.
+    """Stationary covariance of SGFS near a Gaussian mode, for a given ``I_hat``.
 
     Near the mode the minibatch term is ``N g_bar ~ N(-P (q - q0), N^2 J / n)`` (eqs. 5-6, rows
-    drawn with replacement), with ``J`` the covariance of one row's score and the posterior
-    precision ``P = N J`` (Bernstein-von Mises). The update (eq. 11) is then the linear
-    recursion ``q' - q0 = (1 - A P)(q - q0) + A (phi + eta)`` with ``A = 2 M^{-1}`` and
+    drawn with replacement), with ``J`` the covariance of one row's score and ``P`` the
+    posterior precision (the negative Hessian of the log posterior; ``N J`` under
+    Bernstein-von Mises, the default). The update (eq. 11) is then the linear recursion
+    ``q' - q0 = (1 - A P)(q - q0) + A (phi + eta)`` with ``A = 2 M^{-1}`` and
     ``M = gamma N I_hat + 4 B / eps``, whose stationary covariance ``S`` solves the discrete
     Lyapunov equation ``S = T S T^T + A (N^2 J / n + 4 B / eps) A^T``, ``T = 1 - A P``. With
-    ``I_hat = J`` this is ``P^{-1}`` at every step size (the derivation of eq. 8); with another
-    ``I_hat`` (averaged far from the mode, or SGFS-d's diagonal on correlated scores) it is not.
+    ``I_hat = J`` and ``P = N J`` this is ``P^{-1}`` at every step size (the derivation of
+    eq. 8); with another ``I_hat`` (averaged far from the mode, or SGFS-d's diagonal on
+    correlated scores), or scores whose covariance is not proportional to the curvature (a
+    misspecified likelihood: ``J`` and ``P / N`` differ, the paper's ``N Cov[g] = I_N`` fails),
+    it is not, except as ``eps -> 0``.
 
     Parameters
     ----------
@@ -220,6 +225,8 @@ def stationary_covariance(
         The paper's epsilon.
     preconditioner : ndarray, optional
         B, shaped like ``fisher``; default ``gamma N I_hat`` as in :func:`sgfs_factors`.
+    precision : ndarray, optional
+        ``P``, (d, d); default ``N J``.
 
     Returns
     -------
@@ -240,8 +247,10 @@ def stationary_covariance(
         b = gamma * n_rows * used
     else:
         b = np.diag(preconditioner) if preconditioner.ndim == 1 else preconditioner
+    if precision is None:
+        precision = n_rows * score_covariance
     gain = 2.0 * np.linalg.inv(gamma * n_rows * used + 4.0 * b / step_size)
-    transition = np.eye(used.shape[0]) - gain @ (n_rows * score_covariance)
+    transition = np.eye(used.shape[0]) - gain @ precision
     noise = n_rows**2 * score_covariance / batch_size + 4.0 * b / step_size
     covariance = solve_discrete_lyapunov(transition, gain @ noise @ gain.T)
     return 0.5 * (covariance + covariance.T)

@@ -255,9 +255,11 @@ class SGFS(SubsampleStepBase):
                 )
                 return None
             q_ref = optimum.q
+            hessian_sum = None if optimum.row_sums is None else optimum.row_sums[1]
         else:
             q_ref = reference_vector(self._reference_point, self.vars, self._initial_point)
-        return reference_fisher(self.oracles, q_ref, self.batch_size, self.diagonal)
+            hessian_sum = None  # measuring it would cost a data pass: N J stands in
+        return reference_fisher(self.oracles, q_ref, self.batch_size, self.diagonal, hessian_sum)
 
     def _rebuild_for_data(self) -> None:
         # The cached factorisations hold N (pm.set_data to another number of rows), and the
@@ -291,13 +293,13 @@ class SGFS(SubsampleStepBase):
         count = float(total[-1, 0])
         scores, force = total[:-2] / count, total[-2] / count
         step_size = self._step_size(max(self.step_count, 1))
-        precision = self.n_rows * scores
+        precision = self._posterior_precision(scores)
         try:
             ratios = stationary_sd_ratios(self._predicted(scores, step_size), precision)
         except np.linalg.LinAlgError:
             return  # a singular score covariance: the Fisher check of the factors says so
         self.predicted_sd_ratios = ratios
-        if self._warn_if_far(force, precision, count):
+        if self._warn_if_far(force, precision, count, scores):
             return
         if 1.0 / SPREAD_TOLERANCE <= ratios[0] and ratios[1] <= SPREAD_TOLERANCE:
             return
@@ -324,11 +326,14 @@ class SGFS(SubsampleStepBase):
             f"half of tuning it did not. Use {start}, or {advice}."
         )
 
-    def _warn_if_far(self, force: np.ndarray, precision: np.ndarray, count: float) -> bool:
+    def _warn_if_far(
+        self, force: np.ndarray, precision: np.ndarray, count: float, scores: np.ndarray
+    ) -> bool:
         """Warn (and return True) if the last half of tuning was still far from the mode.
 
         Near the mode the force of eq. 11 (without its noise) is ``-P (q - q0) + phi`` with
-        ``P = N J`` and ``phi`` the minibatch noise, of covariance ``N^2 J / n`` (eq. 6). Its
+        ``P`` the posterior precision (the reference's curvature, else ``N J``) and ``phi`` the
+        minibatch noise, of covariance ``N^2 J / n`` (eq. 6). Its
         mean over the ``T`` steps of the window, ``f``, estimates ``-P (q_bar - q0)``:
         ``f^T P^-1 f / (1 + N / (n T))`` is then at most about chi-square(d) for a stationary
         chain (``q_bar`` is no farther from the mode than a draw, and the noise's mean adds
@@ -336,7 +341,12 @@ class SGFS(SubsampleStepBase):
         draws are then spread along its path (``start="initial"`` on a linear regression:
         sds up to 15x too wide) or stuck (a tiny step size).
         """
-        noise_share = 1.0 + self.n_rows / (self.batch_size * count)
+        # The noise's mean adds N / (n T) per dimension when P = N J, up to the largest
+        # eigenvalue of P^-1 N J times that when the curvature was measured apart.
+        excess = float(
+            np.linalg.eigvals(np.linalg.solve(precision, self.n_rows * scores)).real.max()
+        )
+        noise_share = 1.0 + self.n_rows / (self.batch_size * count) * max(excess, 1.0)
         distance_sq = float(force @ np.linalg.solve(precision, force)) / noise_share
         if distance_sq <= mahalanobis_limit(force.size):
             return False
@@ -352,10 +362,23 @@ class SGFS(SubsampleStepBase):
         )
         return True
 
+    def _posterior_precision(self, scores: np.ndarray) -> np.ndarray:
+        """Return the log posterior's curvature at the reference if measured, else ``N J``."""
+        reference = self._reference
+        if reference is not None and reference.precision is not None:
+            return reference.precision
+        return self.n_rows * scores
+
     def _predicted(self, scores: np.ndarray, step_size: float) -> np.ndarray:
         assert self.fisher is not None
         return stationary_covariance(
-            self.fisher, scores, self.n_rows, self.batch_size, step_size, self.preconditioner
+            self.fisher,
+            scores,
+            self.n_rows,
+            self.batch_size,
+            step_size,
+            self.preconditioner,
+            self._posterior_precision(scores),
         )
 
     def _step_size_within_tolerance(

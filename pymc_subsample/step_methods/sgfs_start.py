@@ -45,12 +45,16 @@ class ReferenceFisher:
         How many minibatches' worth of rows ``fisher`` stands for in the Fisher average.
     factor : ndarray
         Lower Cholesky factor of ``N I`` (the full matrix), the Bernstein-von Mises precision.
+    precision : ndarray or None
+        The log posterior's negative Hessian at ``q`` (from the reference search's full-data
+        sums), or None when not measured.
     """
 
     q: np.ndarray
     fisher: np.ndarray
     weight: int
     factor: np.ndarray
+    precision: np.ndarray | None = None
 
     def chain_start(self, q: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         """Return ``q`` if within the chi-square(d) 1 - 1e-6 limit, else a draw near ``q*``."""
@@ -62,7 +66,11 @@ class ReferenceFisher:
 
 
 def reference_fisher(
-    oracles: ModelOracles, q_ref: np.ndarray, batch_size: int, diagonal: bool
+    oracles: ModelOracles,
+    q_ref: np.ndarray,
+    batch_size: int,
+    diagonal: bool,
+    hessian_sum: np.ndarray | None = None,
 ) -> ReferenceFisher:
     """Measure the empirical Fisher information at ``q_ref`` on up to :data:`FISHER_ROWS` rows.
 
@@ -76,6 +84,9 @@ def reference_fisher(
         The step's minibatch size, for the weight of the measured average.
     diagonal : bool
         Keep the diagonal only (SGFS-d).
+    hessian_sum : ndarray, optional
+        The rows' summed log-likelihood Hessian at ``q_ref`` (the reference search's), for the
+        posterior precision; without it none is kept.
 
     Returns
     -------
@@ -92,9 +103,13 @@ def reference_fisher(
     precision = n_rows * full
     # A singular Fisher (a parameter no row informs) still needs a bounded start distance.
     precision += np.eye(q_ref.size) * 1e-12 * max(float(np.trace(precision)), 1e-300)
+    curvature = None
+    if hessian_sum is not None:
+        curvature = -(hessian_sum + oracles.log_prior_hessian(q_ref))
     return ReferenceFisher(
         q=np.array(q_ref, dtype="float64"),
         fisher=np.diag(full).copy() if diagonal else full,
         weight=max(1, rows.size // batch_size),
         factor=cholesky(precision, lower=True),
+        precision=curvature,
     )
