@@ -320,7 +320,7 @@ class SGFS(SubsampleStepBase):
         )
         warn_user(
             "SGFS's stationary sds are predicted to be "
-            f"{ratios[0]:.2f}x to {ratios[1]:.2f}x the posterior's (Bernstein-von Mises) over "
+            f"{ratios[0]:.2f}x to {ratios[1]:.2f}x the posterior's (Gaussian at the mode) over "
             "directions: its noise correction gamma N I_hat (Ahn et al. 2012, eq. 8) assumes "
             "the Fisher average I_hat equals the covariance of the scores, and over the last "
             f"half of tuning it did not. Use {start}, or {advice}."
@@ -354,7 +354,7 @@ class SGFS(SubsampleStepBase):
         warn_user(
             "SGFS had not reached its stationary distribution when tuning ended: over the last "
             f"half of tuning the chain was about {np.sqrt(distance_sq):.3g} posterior sds from "
-            "the mode (by its mean gradient and the scores' covariance), where a stationary "
+            "the mode (by its mean gradient and the posterior's curvature), where a stationary "
             "chain is a few; its draws will still be approaching the mode. "
             + ("Use start='reference' (the default), or " if self._reference is None else "Use ")
             + f"more tuning draws (near the mode it needs about {per_sample:.3g} steps per "
