@@ -11,7 +11,11 @@ from pymc_subsample.kernels.correction import (
     correction_distribution,
     sample_correction,
 )
-from pymc_subsample.kernels.proposals import LangevinProposal, RandomWalkProposal
+from pymc_subsample.kernels.proposals import (
+    IndependentProposal,
+    LangevinProposal,
+    RandomWalkProposal,
+)
 from pymc_subsample.kernels.row_sampler import RowSampler
 from pymc_subsample.kernels.stages import (
     StageOutcome,
@@ -23,6 +27,7 @@ from pymc_subsample.kernels.stages import (
 __all__ = [
     "AusterityDecision",
     "CorrectionDistribution",
+    "IndependentProposal",
     "LangevinProposal",
     "RandomWalkProposal",
     "RowSampler",

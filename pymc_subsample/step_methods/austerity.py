@@ -54,9 +54,14 @@ class AusterityMH(SubsampleMetropolisBase):
     temperature : float, default 1
         The likelihood is raised to ``1 / temperature`` (the target changes: a tempered
         posterior); recorded in every draw's ``temperature`` stat.
-    proposal : {"random_walk", "langevin"}, default "random_walk"
-        ``"random_walk"``: ``q' = q + scaling * L z``. ``"langevin"``: the stochastic-gradient
-        Langevin proposal of Korattikara et al. (2016), eq. 21,
+    proposal : {"auto", "random_walk", "langevin", "independent"}, default "auto"
+        ``"independent"``: ``q' ~ N(q*, Sigma)``, the Laplace approximation at the control
+        variate's reference point (``proposal_cov`` if given), whatever ``q`` (the independence
+        sampler; needs a control variate; ``scaling`` unused). ``"auto"``: independent where
+        the automatic reference search measured the Laplace approximation close (the sd of its
+        log importance weights at most 0.5) and no ``proposal_cov`` is given, else
+        ``"random_walk"``. ``"random_walk"``: ``q' = q + scaling * L z``. ``"langevin"``: the
+        stochastic-gradient Langevin proposal of Korattikara et al. (2016), eq. 21,
         ``q' ~ N(q + (alpha / 2) M g(q), alpha M)`` with ``alpha = scaling**2``,
         ``M = proposal_cov`` and ``g`` the gradient of the log prior plus ``N / (n T)`` times
         the summed per-row scores of ``batch_size`` rows drawn with replacement. The same rows
@@ -187,7 +192,7 @@ class AusterityMH(SubsampleMetropolisBase):
         error_tolerance: float = DEFAULT_ERROR_TOLERANCE,
         batch_size: int | None = None,
         temperature: float = 1.0,
-        proposal: str = "random_walk",
+        proposal: str = "auto",
         scaling: float | None = None,
         proposal_cov: ArrayLike | None = None,
         tune_interval: int = 100,

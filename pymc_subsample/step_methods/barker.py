@@ -148,7 +148,7 @@ class MinibatchBarkerMH(SubsampleMetropolisBase):
         *,
         batch_size: int | None = None,
         temperature: float = 1.0,
-        proposal: str = "random_walk",
+        proposal: str = "auto",
         error_bound: float | None = None,
         scaling: float | None = None,
         proposal_cov: ArrayLike | None = None,

@@ -26,7 +26,11 @@ from pymc.util import RandomGenerator, get_random_generator, get_value_vars_from
 from pytensor.graph.basic import Variable
 from pytensor.tensor.variable import TensorVariable
 
-from pymc_subsample.kernels.proposals import LangevinProposal, RandomWalkProposal
+from pymc_subsample.kernels.proposals import (
+    IndependentProposal,
+    LangevinProposal,
+    RandomWalkProposal,
+)
 from pymc_subsample.kernels.row_sampler import RowSampler
 from pymc_subsample.model.oracles import ModelOracles, build_oracles
 from pymc_subsample.reference import automatic_reference, funnel_explanation
@@ -39,6 +43,7 @@ from pymc_subsample.step_methods.defaults import (
     AUTO,
     CONTROLLED_BATCH_SIZE,
     DEFAULT_CONTROL_VARIATE,
+    INDEPENDENT_SPREAD,
     control_variate_obstacle,
     dropped_default_message,
 )
@@ -54,7 +59,7 @@ from pymc_subsample.warnings import warn_user
 __all__ = ["PROPOSALS", "SubsampleMHState", "SubsampleMetropolisBase", "SubsampleStepBase"]
 
 #: Proposal kinds of the Metropolis-Hastings steps.
-PROPOSALS = ("random_walk", "langevin")
+PROPOSALS = ("auto", "random_walk", "langevin", "independent")
 
 
 class TestDecision(Protocol):
@@ -228,7 +233,8 @@ class SubsampleMetropolisBase(SubsampleStepBase):
     ) -> None:
         self.temperature = _check_temperature(temperature)
         self.tune_interval = _check_int("tune_interval", tune_interval, minimum=1)
-        self.langevin = _check_choice("proposal", proposal, PROPOSALS) == "langevin"
+        requested_proposal = _check_choice("proposal", proposal, PROPOSALS)
+        self.langevin = requested_proposal == "langevin"
         requested = _check_choice("control_variate", control_variate, (AUTO, *CONTROL_VARIATES))
         self.recenter = _check_choice("recenter", recenter, (None, "tune"))
         if requested is None and (reference_point is not None or recenter):
@@ -251,6 +257,9 @@ class SubsampleMetropolisBase(SubsampleStepBase):
         n_params = self.oracles.n_params
         self.control: ControlVariate | None = None
         self.reference_rows = 0
+        #: Sd of the log importance weights of the Laplace approximation at the automatic
+        #: reference (NaN without one): what ``proposal="auto"`` decides on.
+        self.laplace_spread = float("nan")
         self._laplace_proposal = False
         self._reference_point = reference_point
         #: Whether control_variate was left at "auto" (the reference is then found again after
@@ -267,13 +276,17 @@ class SubsampleMetropolisBase(SubsampleStepBase):
             elif proposal_cov is None:
                 proposal_cov = self.control.covariance
                 self._laplace_proposal = True
+        #: "random_walk", "langevin" or "independent": the proposal in use.
+        self.proposal_kind = self._resolve_proposal(requested_proposal, proposal_cov)
         if batch_size is None:
             default = (
                 self._uncontrolled_batch_size if self.control is None else CONTROLLED_BATCH_SIZE
             )
             # At most N: with fewer rows than a default batch the test is exact, as it should be.
             self.batch_size = min(default, self.oracles.n_rows)
-        self.proposal: RandomWalkProposal | LangevinProposal = self._make_proposal(proposal_cov)
+        self.proposal: RandomWalkProposal | LangevinProposal | IndependentProposal = (
+            self._make_proposal(proposal_cov)
+        )
         self.diagnostics = self._make_diagnostics()
         self._pending_rows = 0
         self._tune_blocks: list[np.ndarray] = []
@@ -300,6 +313,8 @@ class SubsampleMetropolisBase(SubsampleStepBase):
             self.control = self._make_control_variate(self._reference_point)
             if self.control is None:  # the automatic search failed on the new data
                 self.control_variate = None
+                if self.proposal_kind == "independent":
+                    self.proposal_kind = "random_walk"
             if self._laplace_proposal:  # a proposal_cov the user gave stays
                 self._laplace_proposal = self.control is not None
                 self.proposal = self._make_proposal(
@@ -360,6 +375,7 @@ class SubsampleMetropolisBase(SubsampleStepBase):
                     "pms.find_reference_point() names the cause in hierarchical models."
                 )
             self.reference_rows = optimum.n_row_evaluations
+            self.laplace_spread = optimum.laplace_log_weight_sd
             reference, row_sums = optimum.q, optimum.row_sums  # the search's own pass
         else:
             reference = reference_vector(reference_point, self.vars, self._initial_point)
@@ -374,13 +390,38 @@ class SubsampleMetropolisBase(SubsampleStepBase):
             )
         return control
 
+    def _resolve_proposal(self, requested: str, proposal_cov: ArrayLike | None) -> str:
+        """Choose the proposal: ``requested``, or for "auto" the independent or random walk.
+
+        "auto" is the independent proposal from the Laplace approximation where the automatic
+        reference search found that approximation close (``INDEPENDENT_SPREAD``) and no
+        ``proposal_cov`` was given, else the random walk.
+        """
+        if requested == "independent" and self.control is None:
+            raise ValueError(
+                "proposal='independent' draws from the Laplace approximation at the reference "
+                "point of a control variate, and this step has none"
+                + (f" ({self.dropped_default})" if self.dropped_default else "")
+                + ": use proposal='random_walk', or control_variate='taylor2' with a "
+                "reference point."
+            )
+        if requested != "auto":
+            return requested
+        close = self.laplace_spread <= INDEPENDENT_SPREAD  # False for NaN (no search)
+        if self.control is not None and self._laplace_proposal and close:
+            return "independent"
+        return "random_walk"
+
     def _exact_by_design(self) -> bool:
         """Whether every decision reads all rows by request (then no fallback warning)."""
         return False
 
     def _make_proposal(
         self, proposal_cov: ArrayLike | None
-    ) -> RandomWalkProposal | LangevinProposal:
+    ) -> RandomWalkProposal | LangevinProposal | IndependentProposal:
+        if self.proposal_kind == "independent" and self.control is not None:
+            cov = self.control.covariance if proposal_cov is None else proposal_cov
+            return IndependentProposal(self.control.proxy.reference, cov)
         if self.langevin:
             return LangevinProposal(self.oracles.n_params, proposal_cov)
         return RandomWalkProposal(self.oracles.n_params, proposal_cov)
@@ -464,7 +505,7 @@ class SubsampleMetropolisBase(SubsampleStepBase):
         self._tune_blocks = []
 
     def _propose(self, q_old: np.ndarray) -> tuple[np.ndarray, float]:
-        if isinstance(self.proposal, RandomWalkProposal):
+        if isinstance(self.proposal, RandomWalkProposal | IndependentProposal):
             return self.proposal(self.rng, q_old, self.scaling)
         # Eq. 21 of Korattikara et al. (2016): one minibatch X_n, drawn with replacement
         # (an unbiased gradient estimate at O(n)), independent of the rows the test draws,
@@ -489,7 +530,8 @@ class SubsampleMetropolisBase(SubsampleStepBase):
 
     def _adapt_scaling(self) -> None:
         acceptance = self.accepted_since_tune / self.tune_interval
-        self.scaling = float(self._tune_rule(self.scaling, acceptance))
+        if not isinstance(self.proposal, IndependentProposal):  # which has no scale
+            self.scaling = float(self._tune_rule(self.scaling, acceptance))
         self.steps_until_tune = self.tune_interval
         self.accepted_since_tune = 0
 
