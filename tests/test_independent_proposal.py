@@ -66,6 +66,22 @@ def test_default_proposal_is_independent_and_samples_the_exact_posterior(regress
     assert np.all(idata.sample_stats["scaling"].values == step._initial_scaling)  # not tuned
 
 
+def test_auto_keeps_the_random_walk_in_a_compound_step():
+    # The hierarchy's group effects in one step, its hyperparameters in another: the group
+    # effects' conditional posterior moves with the hyperparameters, so a proposal fixed at its
+    # first Laplace approximation is not the default there.
+    rng = np.random.default_rng(3)
+    group = rng.integers(0, 5, size=2000)
+    y = rng.normal(rng.normal(size=5)[group], 1.0)
+    with pm.Model():
+        mu = pm.Normal("mu", 0, 5)
+        sigma = pm.HalfNormal("sigma", 2)
+        effects = pm.Normal("effects", mu, sigma, shape=5)
+        pm.Normal("y", effects[group], 1.0, observed=y)
+        step = pms.AusterityMH([effects])
+    assert step.control is not None and step.proposal_kind == "random_walk"
+
+
 def test_auto_keeps_the_random_walk_without_an_automatic_reference(regression):
     X, y, mean, _ = regression
     with linear_regression_model(X, y):

@@ -59,7 +59,8 @@ class AusterityMH(SubsampleMetropolisBase):
         variate's reference point (``proposal_cov`` if given), whatever ``q`` (the independence
         sampler; needs a control variate; ``scaling`` unused). ``"auto"``: independent where
         the automatic reference search measured the Laplace approximation close (the sd of its
-        log importance weights at most 0.5) and no ``proposal_cov`` is given, else
+        log importance weights at most 0.5), no ``proposal_cov`` is given and the step samples
+        every free variable of the model, else
         ``"random_walk"``. ``"random_walk"``: ``q' = q + scaling * L z``. ``"langevin"``: the
         stochastic-gradient Langevin proposal of Korattikara et al. (2016), eq. 21,
         ``q' ~ N(q + (alpha / 2) M g(q), alpha M)`` with ``alpha = scaling**2``,

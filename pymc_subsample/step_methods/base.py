@@ -394,8 +394,11 @@ class SubsampleMetropolisBase(SubsampleStepBase):
         """Choose the proposal: ``requested``, or for "auto" the independent or random walk.
 
         "auto" is the independent proposal from the Laplace approximation where the automatic
-        reference search found that approximation close (``INDEPENDENT_SPREAD``) and no
-        ``proposal_cov`` was given, else the random walk.
+        reference search found that approximation close (``INDEPENDENT_SPREAD``), no
+        ``proposal_cov`` was given and the step samples every free variable of the model; else
+        the random walk. In a compound step the others move, and with them the conditional
+        posterior: a proposal fixed at its Laplace approximation for their first values would
+        stay valid but could stop being accepted.
         """
         if requested == "independent" and self.control is None:
             raise ValueError(
@@ -408,7 +411,8 @@ class SubsampleMetropolisBase(SubsampleStepBase):
         if requested != "auto":
             return requested
         close = self.laplace_spread <= INDEPENDENT_SPREAD  # False for NaN (no search)
-        if self.control is not None and self._laplace_proposal and close:
+        alone = not self.oracles.shared  # no other model variable in the step's density
+        if self.control is not None and self._laplace_proposal and close and alone:
             return "independent"
         return "random_walk"
 
