@@ -147,5 +147,14 @@ def test_diagonal_fisher_on_correlated_scores_warns_with_the_step_size_that_fixe
     assert 0 < suggested < REFERENCE_STEP_SIZE
     step.step_size = suggested
     scores = X.T @ X / X.shape[0]  # unit noise: the scores' covariance is about X^T X / N
-    fixed = stationary_sd_ratios(step._predicted(scores, suggested), 20_000 * scores)
+    predicted = stationary_covariance(
+        step.fisher,
+        scores,
+        step.n_rows,
+        step.batch_size,
+        suggested,
+        step.preconditioner,
+        step._posterior_precision(scores),
+    )
+    fixed = stationary_sd_ratios(predicted, 20_000 * scores)
     assert 1 / 1.1 - 1e-3 <= fixed[0] and fixed[1] <= 1.1 + 1e-3

@@ -93,7 +93,7 @@ class LangevinProposal:
                 return q_new, -np.inf
             backward_drift = 0.5 * alpha * self._precondition(gradient(q_new))
             # Standardised residual of q given q': L^{-1} (q - q' - drift(q')) / scaling.
-            backward = self._solve_factor(q - q_new - backward_drift) / scaling
+            backward = _solve_factor(self.chol_factor, q - q_new - backward_drift) / scaling
             log_ratio = 0.5 * float(noise @ noise) - 0.5 * float(backward @ backward)
         return q_new, log_ratio if np.isfinite(log_ratio) else -np.inf
 
@@ -103,13 +103,6 @@ class LangevinProposal:
         if factor.ndim == 1:
             return factor * factor * gradient
         return factor @ (factor.T @ gradient)
-
-    def _solve_factor(self, vector: np.ndarray) -> np.ndarray:
-        # L^{-1} v, by triangular solve.
-        factor = self.chol_factor
-        if factor.ndim == 1:
-            return vector / factor
-        return np.asarray(solve_triangular(factor, vector, lower=True, check_finite=False))
 
 
 class IndependentProposal:
@@ -148,12 +141,7 @@ class IndependentProposal:
         """Return ``q'`` and ``log q(q) - log q(q')``; ``scaling`` is ignored."""
         noise = rng.standard_normal(self.n_params)
         q_new = self.mean + _times_factor(self.chol_factor, noise)
-        factor = self.chol_factor
-        offset = q - self.mean
-        if factor.ndim == 1:
-            whitened = offset / factor
-        else:
-            whitened = solve_triangular(factor, offset, lower=True, check_finite=False)
+        whitened = _solve_factor(self.chol_factor, q - self.mean)
         return q_new, 0.5 * (float(noise @ noise) - float(whitened @ whitened))
 
 
@@ -162,6 +150,13 @@ def _times_factor(factor: np.ndarray, noise: np.ndarray) -> np.ndarray:
     if factor.ndim == 1:
         return factor * noise
     return factor @ noise
+
+
+def _solve_factor(factor: np.ndarray, vector: np.ndarray) -> np.ndarray:
+    # L^{-1} v for a diagonal (vector) or lower-triangular factor, by triangular solve.
+    if factor.ndim == 1:
+        return vector / factor
+    return np.asarray(solve_triangular(factor, vector, lower=True, check_finite=False))
 
 
 def _cholesky_factor(n_params: int, proposal_cov: ArrayLike | None) -> np.ndarray:

@@ -30,6 +30,7 @@ __all__ = [
     "sgfs_precision",
     "sgfs_step",
     "sgfs_update",
+    "largest_step_size_within",
     "stationary_covariance",
     "stationary_sd_ratios",
     "update_fisher_average",
@@ -270,3 +271,36 @@ def stationary_sd_ratios(covariance: np.ndarray, precision: np.ndarray) -> tuple
     factor = np.linalg.cholesky(precision)
     values = np.linalg.eigvalsh(factor.T @ covariance @ factor)
     return float(np.sqrt(max(values.min(), 0.0))), float(np.sqrt(values.max()))
+
+
+def largest_step_size_within(
+    tolerance: float,
+    step_size: float,
+    fisher: np.ndarray,
+    score_covariance: np.ndarray,
+    n_rows: int,
+    batch_size: int,
+    preconditioner: np.ndarray | None,
+    precision: np.ndarray,
+) -> float | None:
+    """Largest step size up to ``step_size`` whose predicted sds are within ``tolerance``.
+
+    Bisection in log step size (30 halvings) on :func:`stationary_covariance` against
+    ``precision^-1``, between ``1e-6 step_size`` and ``step_size``; None if even the smallest
+    is not within (the prediction tends to ``P^-1`` only as the step size goes to 0).
+    """
+
+    def within(eps: float) -> bool:
+        covariance = stationary_covariance(
+            fisher, score_covariance, n_rows, batch_size, eps, preconditioner, precision
+        )
+        low, high = stationary_sd_ratios(covariance, precision)
+        return 1.0 / tolerance <= low and high <= tolerance
+
+    low, high = step_size * 1e-6, step_size
+    if not within(low):
+        return None
+    for _ in range(30):
+        middle = float(np.sqrt(low * high))
+        low, high = (middle, high) if within(middle) else (low, middle)
+    return low

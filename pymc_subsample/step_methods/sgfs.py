@@ -20,6 +20,7 @@ from pymc_subsample.kernels.control_variates import mahalanobis_limit
 from pymc_subsample.kernels.sgfs import (
     SGFSFactors,
     empirical_fisher,
+    largest_step_size_within,
     sgfs_factors,
     sgfs_step,
     stationary_covariance,
@@ -136,13 +137,14 @@ class SGFS(SubsampleStepBase):
     -----
     SubsampleWarning
         At the end of tuning, (1) when the last half of tuning was still far from the mode
-        (its mean gradient, whitened by the scores' covariance, beyond the chi-square(d)
+        (its mean gradient, whitened by the posterior's curvature, beyond the chi-square(d)
         1 - 1e-6 limit): the draws would still be approaching it; or (2) when the stationary
-        sds predicted from the Fisher average in use and the scores' covariance over the last
-        half of tuning (``kernels.sgfs.stationary_covariance``) differ from the
-        Bernstein-von Mises sds by more than 10% in some direction: the paper's bias at large
-        step size when ``I_hat`` is not the scores' covariance. The message names the knob
-        (the start, more tuning, ``fisher="full"``, the step size that brings it within 10%).
+        sds predicted from the Fisher average in use, the scores' covariance over the last
+        half of tuning and the curvature (``kernels.sgfs.stationary_covariance``) differ from
+        the posterior's Gaussian sds at the mode by more than 10% in some direction: the
+        paper's bias at large step size when ``I_hat`` is not the scores' covariance. The
+        message names the knob (the start, more tuning, ``fisher="full"``, the step size that
+        brings it within 10%).
 
     Notes
     -----
@@ -295,16 +297,34 @@ class SGFS(SubsampleStepBase):
         step_size = self._step_size(max(self.step_count, 1))
         precision = self._posterior_precision(scores)
         try:
-            ratios = stationary_sd_ratios(self._predicted(scores, step_size), precision)
+            predicted = stationary_covariance(
+                self.fisher,
+                scores,
+                self.n_rows,
+                self.batch_size,
+                step_size,
+                self.preconditioner,
+                precision,
+            )
+            ratios = stationary_sd_ratios(predicted, precision)
         except np.linalg.LinAlgError:
             return  # a singular score covariance: the Fisher check of the factors says so
         self.predicted_sd_ratios = ratios
-        if self._warn_if_far(force, precision, count, scores):
+        if self._warn_if_far(force, precision, count, scores, step_size):
             return
         if 1.0 / SPREAD_TOLERANCE <= ratios[0] and ratios[1] <= SPREAD_TOLERANCE:
             return
         advice = "lower step_size"
-        within = self._step_size_within_tolerance(scores, precision, step_size)
+        within = largest_step_size_within(
+            SPREAD_TOLERANCE,
+            step_size,
+            self.fisher,
+            scores,
+            self.n_rows,
+            self.batch_size,
+            self.preconditioner,
+            precision,
+        )
         if within is not None:
             slower = (1.0 + 4.0 / within) / (1.0 + 4.0 / step_size)
             advice = (
@@ -327,7 +347,12 @@ class SGFS(SubsampleStepBase):
         )
 
     def _warn_if_far(
-        self, force: np.ndarray, precision: np.ndarray, count: float, scores: np.ndarray
+        self,
+        force: np.ndarray,
+        precision: np.ndarray,
+        count: float,
+        scores: np.ndarray,
+        step_size: float,
     ) -> bool:
         """Warn (and return True) if the last half of tuning was still far from the mode.
 
@@ -350,7 +375,7 @@ class SGFS(SubsampleStepBase):
         distance_sq = float(force @ np.linalg.solve(precision, force)) / noise_share
         if distance_sq <= mahalanobis_limit(force.size):
             return False
-        per_sample = self.n_rows / self.batch_size * (1.0 + 4.0 / self._step_size(self.step_count))
+        per_sample = self.n_rows / self.batch_size * (1.0 + 4.0 / step_size)
         warn_user(
             "SGFS had not reached its stationary distribution when tuning ended: over the last "
             f"half of tuning the chain was about {np.sqrt(distance_sq):.3g} posterior sds from "
@@ -368,35 +393,6 @@ class SGFS(SubsampleStepBase):
         if reference is not None and reference.precision is not None:
             return reference.precision
         return self.n_rows * scores
-
-    def _predicted(self, scores: np.ndarray, step_size: float) -> np.ndarray:
-        assert self.fisher is not None
-        return stationary_covariance(
-            self.fisher,
-            scores,
-            self.n_rows,
-            self.batch_size,
-            step_size,
-            self.preconditioner,
-            self._posterior_precision(scores),
-        )
-
-    def _step_size_within_tolerance(
-        self, scores: np.ndarray, precision: np.ndarray, step_size: float
-    ) -> float | None:
-        """Largest step size (bisection in log, 30 halvings) whose predicted spread is within."""
-
-        def within(eps: float) -> bool:
-            low, high = stationary_sd_ratios(self._predicted(scores, eps), precision)
-            return 1.0 / SPREAD_TOLERANCE <= low and high <= SPREAD_TOLERANCE
-
-        low, high = step_size * 1e-6, step_size
-        if not within(low):
-            return None
-        for _ in range(30):
-            middle = float(np.sqrt(low * high))
-            low, high = (middle, high) if within(middle) else (low, middle)
-        return low
 
     def _step_size(self, t: int) -> float:
         if self.step_size_schedule is not None:
@@ -434,14 +430,20 @@ class SGFS(SubsampleStepBase):
         # sds measured sqrt(1 - n/N) too small).
         rows = self.rng.integers(0, self.n_rows, size=self.batch_size)
         scores = self.oracles.score_rows(q, rows)
+        # The full covariance of the scores: the spread check's during tuning, SGFS-f's Fisher.
+        covariance = empirical_fisher(scores, diagonal=False) if self.tune else None
         if self.fisher is None or self.tune or self.adapt_always:
             self.fisher_count += 1
-            batch_fisher = empirical_fisher(scores, self.diagonal)
+            batch_fisher = (
+                covariance
+                if covariance is not None and not self.diagonal
+                else empirical_fisher(scores, self.diagonal)
+            )
             self.fisher = update_fisher_average(self.fisher, batch_fisher, self.fisher_count)
         factors = self._current_factors(step_size)
         prior_grad = self.oracles.log_prior_grad(q)
-        if self.tune:
-            self._record_tuning(scores, prior_grad + self.n_rows * scores.mean(axis=0))
+        if covariance is not None:
+            self._record_tuning(covariance, prior_grad + self.n_rows * scores.mean(axis=0))
         q_new = sgfs_step(self.rng, q, prior_grad, scores, self.n_rows, factors)
         finite = bool(np.all(np.isfinite(q_new)))
         stats = {
@@ -452,13 +454,13 @@ class SGFS(SubsampleStepBase):
         }
         return RaveledVars(q_new if finite else q, q0.point_map_info), [stats]
 
-    def _record_tuning(self, scores: np.ndarray, force: np.ndarray) -> None:
+    def _record_tuning(self, covariance: np.ndarray, force: np.ndarray) -> None:
         # Per block: the summed score covariances (d rows), the summed forces and the count.
         if self._tune_count % _SPREAD_BLOCK == 0:
-            d = scores.shape[1]
+            d = covariance.shape[0]
             self._score_blocks.append(np.zeros((d + 2, d)))
         block = self._score_blocks[-1]
-        block[:-2] += empirical_fisher(scores, diagonal=False)
+        block[:-2] += covariance
         block[-2] += force
         block[-1] += 1.0
         self._tune_count += 1
