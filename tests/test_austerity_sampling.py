@@ -70,7 +70,12 @@ def test_zero_tolerance_is_bit_identical_to_plain_metropolis(small_regression):
     model, _, _ = small_regression
     with model:
         step = pms.AusterityMH(
-            error_tolerance=0.0, batch_size=100, scaling=0.05, rng=123, control_variate=None
+            error_tolerance=0.0,
+            batch_size=100,
+            scaling=0.05,
+            rng=123,
+            control_variate=None,
+            proposal="random_walk",
         )
     step.stop_tuning()
     logp = model.compile_logp()

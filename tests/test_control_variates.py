@@ -341,13 +341,21 @@ def test_exact_austerity_test_does_not_warn_about_full_data():
     X, y = linear_regression_data(2_000)
     with linear_regression_model(X, y):
         exact = pms.AusterityMH(
-            error_tolerance=0.0, batch_size=1000, scaling=0.1, control_variate=None
+            error_tolerance=0.0,
+            batch_size=1000,
+            scaling=0.1,
+            control_variate=None,
+            proposal="random_walk",
         )
         with warnings.catch_warnings():
             warnings.simplefilter("error", pms.SubsampleWarning)
             pm.sample(draws=1000, tune=0, chains=1, step=exact, random_seed=1, **SAMPLE)
         sequential = pms.AusterityMH(
-            error_tolerance=0.001, batch_size=1000, scaling=0.1, control_variate=None
+            error_tolerance=0.001,
+            batch_size=1000,
+            scaling=0.1,
+            control_variate=None,
+            proposal="random_walk",
         )
         with pytest.warns(pms.SubsampleWarning, match="used all N=2000 rows"):
             pm.sample(draws=1000, tune=0, chains=1, step=sequential, random_seed=1, **SAMPLE)

@@ -66,23 +66,7 @@ def test_default_proposal_is_independent_and_samples_the_exact_posterior(regress
     assert np.all(idata.sample_stats["scaling"].values == step._initial_scaling)  # not tuned
 
 
-def test_auto_keeps_the_random_walk_in_a_compound_step():
-    # The hierarchy's group effects in one step, its hyperparameters in another: the group
-    # effects' conditional posterior moves with the hyperparameters, so a proposal fixed at its
-    # first Laplace approximation is not the default there.
-    rng = np.random.default_rng(3)
-    group = rng.integers(0, 5, size=2000)
-    y = rng.normal(rng.normal(size=5)[group], 1.0)
-    with pm.Model():
-        mu = pm.Normal("mu", 0, 5)
-        sigma = pm.HalfNormal("sigma", 2)
-        effects = pm.Normal("effects", mu, sigma, shape=5)
-        pm.Normal("y", effects[group], 1.0, observed=y)
-        step = pms.AusterityMH([effects])
-    assert step.control is not None and step.proposal_kind == "random_walk"
-
-
-def test_auto_keeps_the_random_walk_without_an_automatic_reference(regression):
+def test_auto_is_not_independent_without_an_automatic_reference(regression):
     X, y, mean, _ = regression
     with linear_regression_model(X, y):
         given = pms.AusterityMH(reference_point={"beta": mean})  # no Laplace check was run
@@ -91,8 +75,9 @@ def test_auto_keeps_the_random_walk_without_an_automatic_reference(regression):
         explicit = pms.AusterityMH(reference_point={"beta": mean}, proposal="independent")
         with pytest.raises(ValueError, match="proposal='independent' draws from the Laplace"):
             pms.AusterityMH(control_variate=None, proposal="independent")
-    assert given.proposal_kind == "random_walk"
-    assert covariance.proposal_kind == "random_walk"
-    assert plain.proposal_kind == "random_walk"
+    # A compound step's case is in test_hmc_proposal.py::test_auto_picks_the_proposal.
+    assert given.proposal_kind == "hmc"
+    assert covariance.proposal_kind == "hmc"
+    assert plain.proposal_kind == "hmc"
     assert explicit.proposal_kind == "independent"
     assert isinstance(explicit.proposal, IndependentProposal)

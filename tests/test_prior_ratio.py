@@ -30,7 +30,9 @@ def test_prior_ratio_reaches_the_test_exactly():
         mu = pm.Normal("mu", 1.0, 0.1)
         sigma = pm.HalfNormal("sigma", 2.0)
         pm.Normal("y", mu, sigma, observed=y)
-        step = pms.MinibatchBarkerMH(batch_size=10, scaling=0.5, rng=51, control_variate=None)
+        step = pms.MinibatchBarkerMH(
+            batch_size=10, scaling=0.5, rng=51, control_variate=None, proposal="random_walk"
+        )
     assert [var.name for var in step.vars] == ["mu", "sigma_log__"]
     proposals, ratios = [], []
     propose, decide = step._propose, step._decide

@@ -51,7 +51,12 @@ def test_tempered_zero_tolerance_is_exact_mh():
     cov = np.array([[model.post_sd**2]])
     with _pymc_model(model):
         plain = pms.AusterityMH(
-            error_tolerance=0, batch_size=100, temperature=TEMPERATURE, proposal_cov=cov, rng=41
+            error_tolerance=0,
+            batch_size=100,
+            temperature=TEMPERATURE,
+            proposal_cov=cov,
+            rng=41,
+            proposal="random_walk",
         )
         control = pms.AusterityMH(
             error_tolerance=0,
@@ -61,6 +66,7 @@ def test_tempered_zero_tolerance_is_exact_mh():
             control_variate="taylor1",
             reference_point=_reference(model),
             rng=41,
+            proposal="random_walk",
         )
     start = np.full((1, 1), model.post_mean)
     paths = []

@@ -23,10 +23,12 @@ from pymc_subsample.kernels.stages import (
     run_stages,
     stage_statistics,
 )
+from pymc_subsample.kernels.trajectory import HamiltonianProposal, leapfrog
 
 __all__ = [
     "AusterityDecision",
     "CorrectionDistribution",
+    "HamiltonianProposal",
     "IndependentProposal",
     "LangevinProposal",
     "RandomWalkProposal",
@@ -36,6 +38,7 @@ __all__ = [
     "build_correction",
     "correction_distribution",
     "exact_mh_test",
+    "leapfrog",
     "run_stages",
     "sample_correction",
     "sequential_mh_test",

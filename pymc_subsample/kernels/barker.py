@@ -45,6 +45,7 @@ class BarkerDecision(NamedTuple):
     variance: float
     clt_error: float
     nonfinite_proposal: bool
+    delta_star: float
 
 
 def delta_variance(std_error: np.ndarray | float, n_rows: int, temperature: float) -> np.ndarray:
@@ -119,10 +120,12 @@ def minibatch_barker_test(
     -------
     BarkerDecision
         ``variance`` is the ``s^2`` used (0 with all rows), ``clt_error`` the Corollary 1 bound
-        at the final batch (NaN unless ``error_bound`` is set).
+        at the final batch (NaN unless ``error_bound`` is set), ``delta_star`` the estimate of
+        the log acceptance ratio the decision was made on (eq. 8; -inf for a non-finite
+        proposal).
     """
     if not np.isfinite(log_prior_proposal_ratio):
-        return BarkerDecision(False, 0, 0, False, math.nan, math.nan, True)
+        return BarkerDecision(False, 0, 0, False, math.nan, math.nan, True, -math.inf)
     n_rows = rows.n_rows
 
     def small_variance(stats: StageStatistics, prefix: Callable[[int], np.ndarray]) -> np.ndarray:
@@ -137,7 +140,7 @@ def minibatch_barker_test(
     outcome = run_stages(rng, log_ratio_rows, rows, batch_size, 0.0, small_variance)
     if outcome.nonfinite:
         return BarkerDecision(
-            False, outcome.n_data, outcome.n_batches, False, math.nan, math.nan, True
+            False, outcome.n_data, outcome.n_batches, False, math.nan, math.nan, True, -math.inf
         )
     delta_star = outcome.mean * n_rows / temperature + log_prior_proposal_ratio  # eq. 8
     clt_error = math.nan
@@ -160,4 +163,5 @@ def minibatch_barker_test(
         variance,
         clt_error,
         False,
+        delta_star,
     )

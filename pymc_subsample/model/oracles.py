@@ -9,13 +9,14 @@ each step (``make_shared_replacements``).
 from __future__ import annotations
 
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any, cast
 
 import numpy as np
 import pytensor
+import pytensor.tensor as pt
 from pymc.model import Model
 from pymc.pytensorf import join_nonshared_inputs, make_shared_replacements
 from pymc.vartypes import discrete_types
@@ -84,6 +85,7 @@ class ModelFunctions:
     full_rows: LazyFunction
     score: LazyFunction
     prior_grad: LazyFunction
+    posterior_gradient: LazyFunction
     residual: dict[int, LazyFunction]
     sums: LazyFunction
     prior_hessian: LazyFunction
@@ -221,6 +223,24 @@ class ModelOracles:
         """
         factor = self.n_rows / (rows.size * temperature)
         return self.log_prior_grad(q) + factor * self.score_rows(q, rows).sum(0)
+
+    def gradient_on_rows(
+        self, rows: np.ndarray, temperature: float = 1.0
+    ) -> Callable[[np.ndarray], np.ndarray]:
+        """``q -> log_prior_grad(q) + N / (n T) * sum of score_rows(q, rows)``, rows read once.
+
+        The same estimate as :meth:`minibatch_gradient` for a gradient evaluated at many points
+        on the same rows (a trajectory's): the rows' data are gathered once, and one compiled
+        call takes the gradient of the rows' sum (no per-row matrix).
+        """
+        function = self._gradient("gradient_on_rows", self._functions.posterior_gradient)
+        data = self._gather(rows)
+        factor = np.asarray(self.n_rows / (rows.size * temperature), dtype="float64")
+
+        def gradient(q: np.ndarray) -> np.ndarray:
+            return np.asarray(function(q, factor, *data))
+
+        return gradient
 
     def residual_ratio_rows(
         self, q_new: np.ndarray, q_old: np.ndarray, q_ref: np.ndarray, idx: np.ndarray
@@ -514,6 +534,7 @@ def _model_functions(
         full_rows=LazyFunction(partial(_given, [q], full_q), {**kwargs, "mode": "FAST_COMPILE"}),
         score=lazy(partial(_score_graph, rows_q, q, row_inputs)),
         prior_grad=lazy(partial(_prior_gradient_graph, prior_q, q)),
+        posterior_gradient=lazy(partial(_posterior_gradient_graph, prior_q, rows_q, q, row_inputs)),
         residual={
             order: lazy(partial(_residual_graph, *residual_inputs, order)) for order in (1, 2)
         },
@@ -563,6 +584,18 @@ def _sums_graph(
 ) -> tuple[list[Variable], Any]:
     gradient_sum, hessian_sum = summed_gradient_and_hessian(rows_ref, q_ref)
     return [q_ref, *row_inputs], [gradient_sum, hessian_sum]
+
+
+def _posterior_gradient_graph(
+    prior_q: TensorVariable,
+    rows_q: TensorVariable,
+    q: TensorVariable,
+    row_inputs: list[TensorVariable],
+) -> tuple[list[Variable], Any]:
+    # One backward pass through the rows' sum: no (n, d) matrix of per-row scores.
+    factor = pt.dscalar("likelihood_factor")
+    gradient = pytensor.grad(prior_q + factor * rows_q.sum(), q, disconnected_inputs="ignore")
+    return [q, factor, *row_inputs], gradient
 
 
 def _prior_gradient_graph(prior_q: TensorVariable, q: TensorVariable) -> tuple[list[Variable], Any]:

@@ -54,14 +54,23 @@ class AusterityMH(SubsampleMetropolisBase):
     temperature : float, default 1
         The likelihood is raised to ``1 / temperature`` (the target changes: a tempered
         posterior); recorded in every draw's ``temperature`` stat.
-    proposal : {"auto", "random_walk", "langevin", "independent"}, default "auto"
+    proposal : {"auto", "random_walk", "langevin", "independent", "hmc"}, default "auto"
         ``"independent"``: ``q' ~ N(q*, Sigma)``, the Laplace approximation at the control
         variate's reference point (``proposal_cov`` if given), whatever ``q`` (the independence
-        sampler; needs a control variate; ``scaling`` unused). ``"auto"``: independent where
-        the automatic reference search measured the Laplace approximation close (the sd of its
-        log importance weights at most 0.5), no ``proposal_cov`` is given and the step samples
-        every free variable of the model, else
-        ``"random_walk"``. ``"random_walk"``: ``q' = q + scaling * L z``. ``"langevin"``: the
+        sampler; needs a control variate; ``scaling`` unused). ``"hmc"``: a leapfrog
+        trajectory (Hamiltonian Monte Carlo) with momentum ``p ~ N(0, proposal_cov^-1)``, step
+        size ``scaling`` and an integration time of a quarter period of the Gaussian with
+        covariance ``proposal_cov`` (jittered by [0.5, 1.5], at most 100 steps), driven by the
+        gradient of all rows when N <= 2,000, else of 2,000 rows drawn once per trajectory
+        (with the control variate's reference scores subtracted); its log proposal ratio is the
+        kinetic energies' difference, so the test keeps the chain on the posterior whatever the
+        gradient's noise (``docs/hmc.md``). Tuning adapts the step size by dual averaging and,
+        without a ``proposal_cov`` or a Laplace covariance, a diagonal mass (Stan's windows).
+        ``"auto"``: independent where the automatic reference search measured the Laplace
+        approximation close (the sd of its log importance weights at most 0.5), no
+        ``proposal_cov`` is given and the step samples every free variable of the model; else
+        ``"hmc"``, or ``"random_walk"`` for a step over variables no row of the likelihood
+        reads. ``"random_walk"``: ``q' = q + scaling * L z``. ``"langevin"``: the
         stochastic-gradient Langevin proposal of Korattikara et al. (2016), eq. 21,
         ``q' ~ N(q + (alpha / 2) M g(q), alpha M)`` with ``alpha = scaling**2``,
         ``M = proposal_cov`` and ``g`` the gradient of the log prior plus ``N / (n T)`` times
@@ -70,9 +79,10 @@ class AusterityMH(SubsampleMetropolisBase):
         (eq. 22), so the chain still targets the posterior. Costs ``2 * batch_size`` per-row
         gradients per step (stat ``n_grad_rows``) on top of the test's rows.
     scaling : float, optional
-        Initial proposal scale; default ``2.38 / sqrt(d)`` for the random walk and
-        ``1.65 / d**(1/6)`` for Langevin (optimal for proposals on the posterior scale).
-        Adapted during tuning; pass ``pm.sample(tune=0)`` to keep it fixed.
+        Initial proposal scale; default ``2.38 / sqrt(d)`` for the random walk,
+        ``1.65 / d**(1/6)`` for Langevin (optimal for proposals on the posterior scale) and
+        ``d**(-1/4)`` for the HMC step size. Adapted during tuning; pass
+        ``pm.sample(tune=0)`` to keep it fixed.
     proposal_cov : array_like, optional
         Proposal covariance: a vector of variances or a (d, d) SPD matrix. Default: the Laplace
         covariance at the reference point with a control variate, else the identity.
@@ -153,10 +163,15 @@ class AusterityMH(SubsampleMetropolisBase):
         The proposal was rejected because its prior or some row's log-likelihood was NaN or
         infinite.
     n_grad_rows : int64
-        Rows whose per-row gradient was evaluated for the Langevin proposal
-        (``2 * batch_size``: the same rows at ``q`` and ``q'``); 0 for the random walk.
+        Rows whose per-row gradient was evaluated for the proposal: ``2 * batch_size`` for
+        Langevin (the same rows at ``q`` and ``q'``), the gradient's rows times the
+        trajectory's gradient evaluations for HMC; 0 for the random walk and independent.
+    n_steps : int64
+        Leapfrog steps of the HMC proposal's trajectory (0 for the other proposals).
+    diverging : bool
+        The HMC trajectory's position, momentum or gradient became non-finite (a rejection).
     scaling : float64
-        Proposal scale used for this draw.
+        Proposal scale used for this draw (the leapfrog step size for HMC).
     temperature : float64
         The likelihood temperature of this run (constant).
     residual_kurtosis : float64
@@ -180,6 +195,8 @@ class AusterityMH(SubsampleMetropolisBase):
         "full_data": (bool, []),
         "nonfinite_proposal": (bool, []),
         "n_grad_rows": (np.int64, []),
+        "n_steps": (np.int64, []),
+        "diverging": (bool, []),
         "scaling": (np.float64, []),
         "temperature": (np.float64, []),
         "residual_kurtosis": (np.float64, []),

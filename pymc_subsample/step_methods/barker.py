@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import numpy as np
 import pymc as pm
@@ -13,7 +13,7 @@ from pytensor.tensor.variable import TensorVariable
 
 from pymc_subsample.kernels.barker import BarkerDecision, minibatch_barker_test
 from pymc_subsample.kernels.correction import correction_distribution
-from pymc_subsample.step_methods.base import SubsampleMetropolisBase
+from pymc_subsample.step_methods.base import SubsampleMetropolisBase, TestDecision
 from pymc_subsample.step_methods.defaults import AUTO
 
 __all__ = ["MinibatchBarkerMH", "barker_tune"]
@@ -113,11 +113,19 @@ class MinibatchBarkerMH(SubsampleMetropolisBase):
         Corollary 1's bound at the final batch; NaN unless ``error_bound`` is set.
     nonfinite_proposal : bool
         Rejected because the prior or a row's log-likelihood was NaN or infinite.
+    delta_star : float64
+        The estimate of the log acceptance ratio the decision was made on (eq. 8); -inf after
+        a non-finite proposal.
     n_grad_rows : int64
-        Rows whose per-row gradient was evaluated for the Langevin proposal
-        (``2 * batch_size``: the same rows at ``q`` and ``q'``); 0 for the random walk.
+        Rows whose per-row gradient was evaluated for the proposal: ``2 * batch_size`` for
+        Langevin (the same rows at ``q`` and ``q'``), the gradient's rows times the
+        trajectory's gradient evaluations for HMC; 0 for the random walk and independent.
+    n_steps : int64
+        Leapfrog steps of the HMC proposal's trajectory (0 for the other proposals).
+    diverging : bool
+        The HMC trajectory's position, momentum or gradient became non-finite (a rejection).
     scaling : float64
-        Proposal scale used.
+        Proposal scale used (the leapfrog step size for HMC).
     temperature : float64
         The likelihood temperature of this run (constant).
     residual_kurtosis, reference_distance : float64
@@ -134,7 +142,10 @@ class MinibatchBarkerMH(SubsampleMetropolisBase):
         "variance": (np.float64, []),
         "clt_error": (np.float64, []),
         "nonfinite_proposal": (bool, []),
+        "delta_star": (np.float64, []),
         "n_grad_rows": (np.int64, []),
+        "n_steps": (np.int64, []),
+        "diverging": (bool, []),
         "scaling": (np.float64, []),
         "temperature": (np.float64, []),
         "residual_kurtosis": (np.float64, []),
@@ -181,6 +192,14 @@ class MinibatchBarkerMH(SubsampleMetropolisBase):
             reference_point=reference_point,
             recenter=recenter,
         )
+
+    @staticmethod
+    def _acceptance_statistic(decision: TestDecision) -> float:
+        # Barker accepts at most about half of the proposals whatever the step size, so the
+        # HMC step size is tuned on the Metropolis acceptance probability of the estimated
+        # log ratio, min(1, exp(Delta*)), as Stan tunes on its own acceptance probability.
+        delta_star = cast(BarkerDecision, decision).delta_star
+        return float(min(1.0, np.exp(min(delta_star, 0.0))))
 
     def _decide(
         self, log_ratio_rows: Callable[[np.ndarray], np.ndarray], log_prior_proposal_ratio: float

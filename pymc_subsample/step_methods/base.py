@@ -32,6 +32,13 @@ from pymc_subsample.kernels.proposals import (
     RandomWalkProposal,
 )
 from pymc_subsample.kernels.row_sampler import RowSampler
+from pymc_subsample.kernels.trajectory import (
+    HamiltonianProposal,
+    TrajectoryInfo,
+    dual_averaging_step,
+    jittered_steps,
+    start_dual_averaging,
+)
 from pymc_subsample.model.oracles import ModelOracles, build_oracles
 from pymc_subsample.reference import automatic_reference, funnel_explanation
 from pymc_subsample.step_methods.control import (
@@ -44,6 +51,10 @@ from pymc_subsample.step_methods.defaults import (
     CONTROLLED_BATCH_SIZE,
     DEFAULT_CONTROL_VARIATE,
     INDEPENDENT_SPREAD,
+    TRAJECTORY_GRADIENT_ROWS,
+    TRAJECTORY_MAX_STEPS,
+    TRAJECTORY_TARGET_ACCEPTANCE,
+    TRAJECTORY_TIME,
     control_variate_obstacle,
     dropped_default_message,
 )
@@ -59,7 +70,12 @@ from pymc_subsample.warnings import warn_user
 __all__ = ["PROPOSALS", "SubsampleMHState", "SubsampleMetropolisBase", "SubsampleStepBase"]
 
 #: Proposal kinds of the Metropolis-Hastings steps.
-PROPOSALS = ("auto", "random_walk", "langevin", "independent")
+PROPOSALS = ("auto", "random_walk", "langevin", "independent", "hmc")
+#: Draws after which the HMC proposal's diagonal mass is re-estimated during tuning, without a
+#: Laplace covariance (Stan's windows: a 75-draw buffer, then windows of 25, 50, 100, ...).
+MASS_WINDOW_ENDS = (100, 150, 250, 450, 850, 1650, 3250, 6450)
+
+Proposal = RandomWalkProposal | LangevinProposal | IndependentProposal | HamiltonianProposal
 
 
 class TestDecision(Protocol):
@@ -250,7 +266,7 @@ class SubsampleMetropolisBase(SubsampleStepBase):
             rng=rng,
             compile_kwargs=compile_kwargs,
             blocked=blocked,
-            with_gradients=self.langevin,
+            with_gradients=requested_proposal in ("langevin", "hmc"),
             proxy_order=0 if requested == AUTO else CONTROL_VARIATES[requested],
         )
         self.row_sampler = RowSampler(self.oracles.n_rows)  # 8 bytes per row, allocated once
@@ -284,16 +300,21 @@ class SubsampleMetropolisBase(SubsampleStepBase):
             )
             # At most N: with fewer rows than a default batch the test is exact, as it should be.
             self.batch_size = min(default, self.oracles.n_rows)
-        self.proposal: RandomWalkProposal | LangevinProposal | IndependentProposal = (
-            self._make_proposal(proposal_cov)
-        )
+        #: Whether an HMC proposal adapts a diagonal mass during tuning (no covariance given).
+        self._adapt_mass = self.proposal_kind == "hmc" and proposal_cov is None
+        self._proposal_cov = proposal_cov
+        self.proposal: Proposal = self._make_proposal(proposal_cov)
+        self._trajectory = TrajectoryInfo(0, False)
         self.diagnostics = self._make_diagnostics()
         self._pending_rows = 0
         self._tune_blocks: list[np.ndarray] = []
         self._tune_steps = 0
         #: Set at each chain's start (reset_tuning): move a far first point near the reference.
         self._start_near_reference = False
-        self._initial_scaling = _check_scaling(scaling, n_params, langevin=self.langevin)
+        self._initial_scaling = _check_scaling(scaling, n_params, kind=self.proposal_kind)
+        self._step_size_adaptation = start_dual_averaging(self._initial_scaling)
+        self._mass_moments = np.zeros((3, n_params))  # count, mean, sum of squared deviations
+        self._trajectory_draws = 0  # tuning draws of an HMC proposal
         self.scaling = self._initial_scaling
         self.tune = True
         self.steps_until_tune = self.tune_interval
@@ -396,9 +417,10 @@ class SubsampleMetropolisBase(SubsampleStepBase):
         "auto" is the independent proposal from the Laplace approximation where the automatic
         reference search found that approximation close (``INDEPENDENT_SPREAD``), no
         ``proposal_cov`` was given and the step samples every free variable of the model; else
-        the random walk. In a compound step the others move, and with them the conditional
-        posterior: a proposal fixed at its Laplace approximation for their first values would
-        stay valid but could stop being accepted.
+        Hamiltonian trajectories, or the random walk for a step over variables no row reads
+        (whose target is their prior given the rest, cheap to explore). In a compound step the
+        others move, and with them the conditional posterior: a proposal fixed at its Laplace
+        approximation for their first values would stay valid but could stop being accepted.
         """
         if requested == "independent" and self.control is None:
             raise ValueError(
@@ -414,18 +436,20 @@ class SubsampleMetropolisBase(SubsampleStepBase):
         alone = not self.oracles.shared  # no other model variable in the step's density
         if self.control is not None and self._laplace_proposal and close and alone:
             return "independent"
+        if self.oracles.rows_depend_on_q:
+            return "hmc"
         return "random_walk"
 
     def _exact_by_design(self) -> bool:
         """Whether every decision reads all rows by request (then no fallback warning)."""
         return False
 
-    def _make_proposal(
-        self, proposal_cov: ArrayLike | None
-    ) -> RandomWalkProposal | LangevinProposal | IndependentProposal:
+    def _make_proposal(self, proposal_cov: ArrayLike | None) -> Proposal:
         if self.proposal_kind == "independent" and self.control is not None:
             cov = self.control.covariance if proposal_cov is None else proposal_cov
             return IndependentProposal(self.control.proxy.reference, cov)
+        if self.proposal_kind == "hmc":
+            return HamiltonianProposal(self.oracles.n_params, proposal_cov)
         if self.langevin:
             return LangevinProposal(self.oracles.n_params, proposal_cov)
         return RandomWalkProposal(self.oracles.n_params, proposal_cov)
@@ -437,6 +461,7 @@ class SubsampleMetropolisBase(SubsampleStepBase):
         q_old = q0.data
         if self._start_near_reference:
             q_old = self._chain_start(q_old)
+        scaling = self.scaling  # the scale this draw uses (HMC tuning updates it per draw)
         q_new, log_proposal_ratio = self._propose(q_old)
         log_prior_proposal_ratio = self.oracles.log_prior_ratio(q_new, q_old) + log_proposal_ratio
         kurtosis: list[float] = []
@@ -449,10 +474,14 @@ class SubsampleMetropolisBase(SubsampleStepBase):
             log_ratio_rows = self.control.residual_rows(q_new, q_old, kurtosis)
             log_prior_proposal_ratio += self.control.log_threshold_shift(q_new, q_old)
         decision = self._decide(log_ratio_rows, log_prior_proposal_ratio)
+        if self.tune and isinstance(self.proposal, HamiltonianProposal):
+            self._adapt_trajectory(
+                q_new if decision.accepted else q_old, self._acceptance_statistic(decision)
+            )
         self.steps_until_tune -= 1
         self.accepted_since_tune += int(decision.accepted)
         q = q_new if decision.accepted else q_old
-        stats = {**decision._asdict(), **self._draw_stats()}
+        stats = {**decision._asdict(), **self._draw_stats(), "scaling": scaling}
         stats["accepted"] = float(decision.accepted)
         stats["n_data"] += self._pending_rows
         self._pending_rows = 0
@@ -498,8 +527,13 @@ class SubsampleMetropolisBase(SubsampleStepBase):
         self._tune_steps += 1
 
     def stop_tuning(self) -> None:
-        """End tuning; with ``recenter="tune"``, re-expand at the mean of the last half of it."""
+        """End tuning; with ``recenter="tune"``, re-expand at the mean of the last half of it.
+
+        An HMC proposal keeps the dual averaging's averaged step size from here on.
+        """
         super().stop_tuning()
+        if isinstance(self.proposal, HamiltonianProposal) and self._step_size_adaptation.iteration:
+            self.scaling = float(np.exp(self._step_size_adaptation.log_step_mean))
         if self.control is None or not self.recenter or not self._tune_blocks:
             return
         last_half = np.sum(self._tune_blocks[len(self._tune_blocks) // 2 :], axis=0)
@@ -511,12 +545,49 @@ class SubsampleMetropolisBase(SubsampleStepBase):
     def _propose(self, q_old: np.ndarray) -> tuple[np.ndarray, float]:
         if isinstance(self.proposal, RandomWalkProposal | IndependentProposal):
             return self.proposal(self.rng, q_old, self.scaling)
+        if isinstance(self.proposal, HamiltonianProposal):
+            n_steps = jittered_steps(self.rng, self.scaling, TRAJECTORY_TIME, TRAJECTORY_MAX_STEPS)
+            q_new, log_ratio, self._trajectory = self.proposal(
+                self.rng, q_old, self.scaling, n_steps, self._trajectory_gradient()
+            )
+            return q_new, log_ratio
         # Eq. 21 of Korattikara et al. (2016): one minibatch X_n, drawn with replacement
         # (an unbiased gradient estimate at O(n)), independent of the rows the test draws,
         # and used for the gradient at both q and q'.
         rows = self.rng.integers(0, self.n_rows, size=self.batch_size)
         gradient = partial(self.oracles.minibatch_gradient, rows=rows, temperature=self.temperature)
         return self.proposal(self.rng, q_old, self.scaling, gradient)
+
+    def _trajectory_gradient(self) -> Callable[[np.ndarray], np.ndarray]:
+        """Return the gradient estimate that drives one trajectory, fixed for its whole length.
+
+        All rows when N <= ``TRAJECTORY_GRADIENT_ROWS`` (the exact gradient), else that many
+        drawn with replacement, independently of the state (``kernels/trajectory.py``: any
+        gradient fixed during the trajectory gives a valid proposal). With a control variate
+        the minibatch estimates only the scores' differences from the reference point, whose
+        exact sum is known: ``G* + (N / n) sum_batch (s_i(q) - s_i(q*))``.
+        """
+        oracles, temperature = self.oracles, self.temperature
+        if not oracles.rows_depend_on_q:
+            return oracles.log_prior_grad
+        n_rows = oracles.n_rows
+        if n_rows <= TRAJECTORY_GRADIENT_ROWS:
+            rows = np.arange(n_rows, dtype="int64")
+        else:
+            rows = self.rng.integers(0, n_rows, size=TRAJECTORY_GRADIENT_ROWS)
+        estimate = oracles.gradient_on_rows(rows, temperature)
+        control = self.control
+        if control is None or rows.size == n_rows:
+            return estimate
+        factor = n_rows / (rows.size * temperature)
+        offset = control.proxy.gradient_sum / temperature - factor * oracles.score_rows(
+            control.proxy.reference, rows
+        ).sum(0)
+
+        def gradient(q: np.ndarray) -> np.ndarray:
+            return estimate(q) + offset
+
+        return gradient
 
     @abstractmethod
     def _decide(
@@ -526,14 +597,63 @@ class SubsampleMetropolisBase(SubsampleStepBase):
 
     def _draw_stats(self) -> dict[str, float]:
         """Stats of the step itself, added to the kernel's."""
+        trajectory = self._trajectory
+        n_grad_rows = 2 * self.batch_size if self.langevin else 0
+        if self.proposal_kind == "hmc" and self.oracles.rows_depend_on_q:
+            n_gradient = min(self.oracles.n_rows, TRAJECTORY_GRADIENT_ROWS)
+            with_reference = self.control is not None and n_gradient < self.oracles.n_rows
+            n_grad_rows = n_gradient * (trajectory.n_steps + 1 + int(with_reference))
         return {
-            "n_grad_rows": 2 * self.batch_size if self.langevin else 0,
+            "n_grad_rows": n_grad_rows,
+            "n_steps": trajectory.n_steps,
+            "diverging": trajectory.diverging,
             "scaling": float(self.scaling),
             "temperature": self.temperature,
         }
 
+    @staticmethod
+    def _acceptance_statistic(decision: TestDecision) -> float:
+        """Return what the HMC step size's dual averaging reads of a decision: the decision."""
+        return float(decision.accepted)
+
+    def _adapt_trajectory(self, q: np.ndarray, acceptance: float) -> None:
+        """Tune the HMC step size by dual averaging and, without a covariance, a diagonal mass.
+
+        The step size follows Hoffman and Gelman (2014, section 3.2) on each draw's acceptance
+        statistic (the decision, or for Barker the Metropolis acceptance probability of its
+        estimate), towards ``TRAJECTORY_TARGET_ACCEPTANCE``. The mass is Stan's windowed
+        adaptation: the regularised variances of the draws in each window of
+        ``MASS_WINDOW_ENDS`` become the proposal covariance, and the step size adaptation
+        restarts from there.
+        """
+        self._step_size_adaptation = dual_averaging_step(
+            self._step_size_adaptation, acceptance, TRAJECTORY_TARGET_ACCEPTANCE
+        )
+        self.scaling = float(np.exp(self._step_size_adaptation.log_step))
+        if not self._adapt_mass:
+            return
+        self._trajectory_draws += 1
+        if self._trajectory_draws <= MASS_WINDOW_ENDS[0] - 25:
+            return  # Stan's initial buffer: the chain is still finding the typical set.
+        count, mean, squares = self._mass_moments
+        count += 1
+        delta = q - mean
+        mean += delta / count
+        squares += delta * (q - mean)
+        if self._trajectory_draws in MASS_WINDOW_ENDS:
+            n = count[0]
+            # Stan's regularisation: shrink towards 1e-3 with weight 5 / (n + 5).
+            variances = (n / (n + 5.0)) * squares / (n - 1.0) + 1e-3 * (5.0 / (n + 5.0))
+            self.proposal = HamiltonianProposal(self.oracles.n_params, variances)
+            self._mass_moments[:] = 0.0
+            self._step_size_adaptation = start_dual_averaging(self.scaling)
+
     def _adapt_scaling(self) -> None:
         acceptance = self.accepted_since_tune / self.tune_interval
+        if isinstance(self.proposal, HamiltonianProposal):  # tuned by dual averaging per draw
+            self.steps_until_tune = self.tune_interval
+            self.accepted_since_tune = 0
+            return
         if not isinstance(self.proposal, IndependentProposal):  # which has no scale
             self.scaling = float(self._tune_rule(self.scaling, acceptance))
         self.steps_until_tune = self.tune_interval
@@ -544,6 +664,11 @@ class SubsampleMetropolisBase(SubsampleStepBase):
         self.scaling = self._initial_scaling
         self.steps_until_tune = self.tune_interval
         self.accepted_since_tune = 0
+        self._step_size_adaptation = start_dual_averaging(self._initial_scaling)
+        self._mass_moments[:] = 0.0
+        self._trajectory_draws = 0
+        if self._adapt_mass:
+            self.proposal = self._make_proposal(self._proposal_cov)
         if self.control is not None and self.control.reset() and self._laplace_proposal:
             self.proposal = self._make_proposal(self.control.covariance)
         self._tune_blocks = []
@@ -575,9 +700,13 @@ def _check_temperature(temperature: float) -> float:
     return value
 
 
-def _check_scaling(scaling: float | None, n_params: int, *, langevin: bool) -> float:
+def _check_scaling(scaling: float | None, n_params: int, *, kind: str) -> float:
     if scaling is None:
-        if langevin:
+        if kind == "hmc":
+            # The leapfrog step in whitened coordinates; HMC's optimal step shrinks as d^(-1/4)
+            # (Beskos et al. 2013), and tuning adapts it by dual averaging.
+            return 1.0 / n_params**0.25
+        if kind == "langevin":
             # Roberts and Rosenthal (1998): 1.65 / d^(1/6) for Langevin on the posterior scale.
             return 1.65 / n_params ** (1 / 6)
         # Roberts, Gelman and Gilks (1997): 2.38 / sqrt(d) for a proposal on the posterior scale.

@@ -25,6 +25,11 @@ __all__ = [
     "AUTO",
     "CONTROLLED_BATCH_SIZE",
     "DEFAULT_CONTROL_VARIATE",
+    "INDEPENDENT_SPREAD",
+    "TRAJECTORY_GRADIENT_ROWS",
+    "TRAJECTORY_MAX_STEPS",
+    "TRAJECTORY_TARGET_ACCEPTANCE",
+    "TRAJECTORY_TIME",
     "control_variate_obstacle",
     "dropped_default_message",
 ]
@@ -42,6 +47,19 @@ CONTROLLED_BATCH_SIZE = 100
 #: independence sampler about 72% acceptance; above it, or without an automatic reference,
 #: the random walk with the Laplace covariance.
 INDEPENDENT_SPREAD = 0.5
+#: Where the independent proposal does not apply, ``proposal="auto"`` runs Hamiltonian
+#: trajectories (``kernels/trajectory.py``) driven by the gradient of all rows when
+#: N <= this, else of this many rows drawn per trajectory (with the control variate's
+#: reference scores subtracted when there is one).
+TRAJECTORY_GRADIENT_ROWS = 2_000
+#: Integration time in whitened coordinates (jittered by [0.5, 1.5]): a quarter period of the
+#: Gaussian the proposal covariance describes, after which the position is independent of the
+#: start.
+TRAJECTORY_TIME = 0.5 * 3.141592653589793
+#: Most leapfrog steps per trajectory, whatever the step size.
+TRAJECTORY_MAX_STEPS = 100
+#: The acceptance rate the step size's dual averaging aims at during tuning.
+TRAJECTORY_TARGET_ACCEPTANCE = 0.8
 
 
 def control_variate_obstacle(oracles: ModelOracles, temperature: float) -> str | None:
