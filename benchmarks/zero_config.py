@@ -21,7 +21,9 @@ Run ``python benchmarks/zero_config.py`` (about 20 minutes on 2 cores, 17 of the
 NUTS run from the existing ``results/zero_config.json`` (same rows, same machine). Writes
 ``results/zero_config.json``. ``--steps-only --rows 10000000`` runs the two steps alone at
 another N (memory and per-draw cost; no NUTS, no ratios) into
-``results/zero_config_<rows>.json``.
+``results/zero_config_<rows>.json``. ``--proposal hmc --reuse-nuts`` runs the two steps with
+``proposal="hmc"`` as their only argument (Hamiltonian trajectories instead of the default's
+independent draws) against the saved NUTS run, into ``results/zero_config_hmc.json``.
 """
 
 from __future__ import annotations
@@ -62,7 +64,7 @@ def laplace_reference(X: np.ndarray, y: np.ndarray, prior_sd: float = 2.0) -> di
     return {"mean": beta, "sd": np.sqrt(np.diag(covariance))}
 
 
-def run_one(sampler: str, n_rows: int) -> dict[str, Any]:
+def run_one(sampler: str, n_rows: int, proposal: str = "auto") -> dict[str, Any]:
     """Build and run one sampler in this process; return its measurements."""
     X, y = logistic_data(n_rows, 10)
     model = logistic_model(X, y)
@@ -81,7 +83,8 @@ def run_one(sampler: str, n_rows: int) -> dict[str, Any]:
             idata = pm.sample(chains=1, random_seed=1, progressbar=False, **NUTS_DRAWS, **kwargs)
             stats: dict[str, Any] = {}
         else:
-            step = (pms.AusterityMH if sampler == "austerity" else pms.MinibatchBarkerMH)()
+            step_class = pms.AusterityMH if sampler == "austerity" else pms.MinibatchBarkerMH
+            step = step_class() if proposal == "auto" else step_class(proposal=proposal)
             setup = time.perf_counter() - start
             name = sampler
             idata = pm.sample(
@@ -95,6 +98,9 @@ def run_one(sampler: str, n_rows: int) -> dict[str, Any]:
             )
             n_data = idata.sample_stats["n_data"].values
             stats = {
+                "proposal": step.proposal_kind,
+                "n_steps": float(idata.sample_stats["n_steps"].values.mean()),
+                "n_grad_rows": float(idata.sample_stats["n_grad_rows"].values.mean()),
                 "control_variate": step.control_variate,
                 "batch_size": step.batch_size,
                 "reference_rows": step.reference_rows,
@@ -129,9 +135,10 @@ def compare(run: dict[str, Any], mean: np.ndarray, sd: np.ndarray) -> dict[str, 
     }
 
 
-def _run_child(sampler: str, rows: int) -> dict[str, Any]:
+def _run_child(sampler: str, rows: int, proposal: str = "auto") -> dict[str, Any]:
     """Run one sampler in a fresh process and return its measurements."""
     command = [sys.executable, str(Path(__file__)), "--child", sampler, "--rows", str(rows)]
+    command += ["--proposal", proposal]
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"{sampler} failed:\n{done.stderr[-3000:]}")
@@ -146,6 +153,12 @@ def main() -> None:
     parser.add_argument("--reuse-nuts", action="store_true", help="keep the last NUTS run")
     parser.add_argument("--child", choices=SAMPLERS, help=argparse.SUPPRESS)
     parser.add_argument(
+        "--proposal",
+        default="auto",
+        choices=("auto", "hmc"),
+        help="the steps' proposal argument (auto: none given); hmc writes zero_config_hmc.json",
+    )
+    parser.add_argument(
         "--steps-only",
         action="store_true",
         help="run the two steps without NUTS (no ratios) and write results/zero_config_<rows>.json:"
@@ -153,7 +166,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(run_one(args.child, args.rows)))
+        print(json.dumps(run_one(args.child, args.rows, args.proposal)))
         return
     if args.steps_only:
         steps = {sampler: _run_child(sampler, args.rows) for sampler in ("austerity", "barker")}
@@ -172,7 +185,7 @@ def main() -> None:
     for sampler in SAMPLERS:
         if sampler in runs:
             continue
-        runs[sampler] = _run_child(sampler, args.rows)
+        runs[sampler] = _run_child(sampler, args.rows, args.proposal)
     X, y = logistic_data(args.rows, 10)
     laplace = laplace_reference(X, y)
     nuts = runs["nuts"]
@@ -184,8 +197,9 @@ def main() -> None:
         run["against_nuts"] = compare(run, np.asarray(nuts["mean"]), np.asarray(nuts["sd"]))
         run["memory_growth_over_data"] = run["rss_growth_bytes"] / run["data_bytes"]
     write_json(
-        "zero_config",
+        "zero_config" if args.proposal == "auto" else f"zero_config_{args.proposal}",
         {
+            "proposal": args.proposal,
             "rows": args.rows,
             "features": 10,
             "step_draws": STEP_DRAWS,

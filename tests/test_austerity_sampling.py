@@ -108,7 +108,12 @@ def regression_runs():
         ("spawn", 2, "spawn"),
     ]:
         with linear_regression_model(X, y):
-            step = pms.AusterityMH(error_tolerance=0.05, batch_size=300, control_variate=None)
+            step = pms.AusterityMH(
+                error_tolerance=0.05,
+                batch_size=300,
+                control_variate=None,
+                proposal="random_walk",  # the scale tuning and stats below are the walk's
+            )
             with warnings.catch_warnings():
                 warnings.filterwarnings("ignore", message=".*fork.*", category=DeprecationWarning)
                 runs[name] = pm.sample(

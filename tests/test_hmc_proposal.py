@@ -141,3 +141,18 @@ def test_auto_picks_the_proposal():
     # No row reads the hyperparameters: no per-row gradients, and their target is cheap.
     assert hyperparameters.proposal_kind == "random_walk"
     assert explicit.proposal_kind == "random_walk"
+
+
+def test_without_a_control_variate_the_gradient_reads_every_row():
+    # At temperature 1 a minibatch gradient without a control variate is mostly noise (about
+    # sqrt(N / n) times the posterior's gradient): the trajectory reads all N rows in place.
+    # A tempered posterior without one keeps the random walk by default.
+    model, _, _ = correlated_regression(3000, seed=8)
+    with model:
+        step = pms.AusterityMH(control_variate=None)
+        tempered = pms.AusterityMH(temperature=10.0)
+        idata = pm.sample(tune=300, draws=300, chains=1, step=step, random_seed=6, **SAMPLE)
+    assert step.proposal_kind == "hmc" and tempered.proposal_kind == "random_walk"
+    stats = idata.sample_stats
+    np.testing.assert_array_equal(stats["n_grad_rows"].values, 3000 * (stats["n_steps"] + 1))
+    assert stats["accepted"].values.mean() > 0.5

@@ -52,7 +52,8 @@ class TrajectoryInfo(NamedTuple):
     n_steps : int
         Leapfrog steps taken (the gradient was evaluated ``n_steps + 1`` times).
     diverging : bool
-        The position, momentum or gradient became non-finite: the proposal is rejected.
+        The position, momentum, gradient or kinetic energy became non-finite: the proposal is
+        rejected.
     """
 
     n_steps: int
@@ -102,9 +103,10 @@ class HamiltonianProposal:
         position, final, diverged_at = leapfrog(
             q, momentum, step_size, n_steps, gradient, self.chol_factor
         )
-        if diverged_at:
-            return position, -math.inf, TrajectoryInfo(diverged_at, True)
-        log_ratio = 0.5 * (float(momentum @ momentum) - float(final @ final))
+        with np.errstate(all="ignore"):
+            log_ratio = 0.5 * (float(momentum @ momentum) - float(final @ final))
+        if diverged_at or not math.isfinite(log_ratio):
+            return position, -math.inf, TrajectoryInfo(diverged_at or n_steps, True)
         return position, log_ratio, TrajectoryInfo(n_steps, False)
 
 

@@ -225,17 +225,22 @@ class ModelOracles:
         return self.log_prior_grad(q) + factor * self.score_rows(q, rows).sum(0)
 
     def gradient_on_rows(
-        self, rows: np.ndarray, temperature: float = 1.0
+        self, rows: np.ndarray | None, temperature: float = 1.0
     ) -> Callable[[np.ndarray], np.ndarray]:
         """``q -> log_prior_grad(q) + N / (n T) * sum of score_rows(q, rows)``, rows read once.
 
         The same estimate as :meth:`minibatch_gradient` for a gradient evaluated at many points
         on the same rows (a trajectory's): the rows' data are gathered once, and one compiled
-        call takes the gradient of the rows' sum (no per-row matrix).
+        call takes the gradient of the rows' sum (no per-row matrix). ``rows=None`` is every
+        row, read in place (no copy): the exact gradient of the tempered log posterior.
         """
         function = self._gradient("gradient_on_rows", self._functions.posterior_gradient)
-        data = self._gather(rows)
-        factor = np.asarray(self.n_rows / (rows.size * temperature), dtype="float64")
+        if rows is None:
+            data = [_data_value(array) for array in self._functions.row_data]
+            n_used = self.n_rows
+        else:
+            data, n_used = self._gather(rows), rows.size
+        factor = np.asarray(self.n_rows / (n_used * temperature), dtype="float64")
 
         def gradient(q: np.ndarray) -> np.ndarray:
             return np.asarray(function(q, factor, *data))

@@ -418,9 +418,12 @@ class SubsampleMetropolisBase(SubsampleStepBase):
         reference search found that approximation close (``INDEPENDENT_SPREAD``), no
         ``proposal_cov`` was given and the step samples every free variable of the model; else
         Hamiltonian trajectories, or the random walk for a step over variables no row reads
-        (whose target is their prior given the rest, cheap to explore). In a compound step the
-        others move, and with them the conditional posterior: a proposal fixed at its Laplace
-        approximation for their first values would stay valid but could stop being accepted.
+        (whose target is their prior given the rest, cheap to explore) and for a tempered
+        posterior without a control variate on more than ``TRAJECTORY_GRADIENT_ROWS`` rows
+        (whose tests read few rows, where the trajectory's gradient would read many). In a
+        compound step the others move, and with them the conditional posterior: a proposal
+        fixed at its Laplace approximation for their first values would stay valid but could
+        stop being accepted.
         """
         if requested == "independent" and self.control is None:
             raise ValueError(
@@ -436,7 +439,10 @@ class SubsampleMetropolisBase(SubsampleStepBase):
         alone = not self.oracles.shared  # no other model variable in the step's density
         if self.control is not None and self._laplace_proposal and close and alone:
             return "independent"
-        if self.oracles.rows_depend_on_q:
+        minibatch_gradient_only = self.control is None and self.temperature != 1.0
+        if self.oracles.rows_depend_on_q and not (
+            minibatch_gradient_only and self.oracles.n_rows > TRAJECTORY_GRADIENT_ROWS
+        ):
             return "hmc"
         return "random_walk"
 
@@ -561,23 +567,23 @@ class SubsampleMetropolisBase(SubsampleStepBase):
     def _trajectory_gradient(self) -> Callable[[np.ndarray], np.ndarray]:
         """Return the gradient estimate that drives one trajectory, fixed for its whole length.
 
-        All rows when N <= ``TRAJECTORY_GRADIENT_ROWS`` (the exact gradient), else that many
-        drawn with replacement, independently of the state (``kernels/trajectory.py``: any
-        gradient fixed during the trajectory gives a valid proposal). With a control variate
-        the minibatch estimates only the scores' differences from the reference point, whose
-        exact sum is known: ``G* + (N / n) sum_batch (s_i(q) - s_i(q*))``.
+        The exact gradient (all rows, read in place) or a minibatch drawn with replacement,
+        independently of the state (``kernels/trajectory.py``: any gradient fixed during the
+        trajectory gives a valid proposal); see :meth:`_trajectory_gradient_rows`. With a
+        control variate the minibatch estimates only the scores' differences from the
+        reference point, whose exact sum is known: ``G* + (N / n) sum_batch (s_i(q) -
+        s_i(q*))``.
         """
         oracles, temperature = self.oracles, self.temperature
         if not oracles.rows_depend_on_q:
             return oracles.log_prior_grad
-        n_rows = oracles.n_rows
-        if n_rows <= TRAJECTORY_GRADIENT_ROWS:
-            rows = np.arange(n_rows, dtype="int64")
-        else:
-            rows = self.rng.integers(0, n_rows, size=TRAJECTORY_GRADIENT_ROWS)
+        n_rows, n_gradient = oracles.n_rows, self._trajectory_gradient_rows()
+        if n_gradient == n_rows:
+            return oracles.gradient_on_rows(None, temperature)
+        rows = self.rng.integers(0, n_rows, size=n_gradient)
         estimate = oracles.gradient_on_rows(rows, temperature)
         control = self.control
-        if control is None or rows.size == n_rows:
+        if control is None:
             return estimate
         factor = n_rows / (rows.size * temperature)
         offset = control.proxy.gradient_sum / temperature - factor * oracles.score_rows(
@@ -588,6 +594,19 @@ class SubsampleMetropolisBase(SubsampleStepBase):
             return estimate(q) + offset
 
         return gradient
+
+    def _trajectory_gradient_rows(self) -> int:
+        """Rows of each trajectory's gradient: N, or ``TRAJECTORY_GRADIENT_ROWS`` of them.
+
+        All N when N is at most that, and without a control variate at temperature 1, where a
+        minibatch gradient's noise would swamp the posterior's (about ``sqrt(N / n)`` times
+        its gradient one sd from the mode) and the test reads a share of N rows per draw
+        anyway; else a minibatch of that size.
+        """
+        n_rows = self.oracles.n_rows
+        if n_rows <= TRAJECTORY_GRADIENT_ROWS or (self.control is None and self.temperature == 1.0):
+            return n_rows
+        return TRAJECTORY_GRADIENT_ROWS
 
     @abstractmethod
     def _decide(
@@ -600,7 +619,7 @@ class SubsampleMetropolisBase(SubsampleStepBase):
         trajectory = self._trajectory
         n_grad_rows = 2 * self.batch_size if self.langevin else 0
         if self.proposal_kind == "hmc" and self.oracles.rows_depend_on_q:
-            n_gradient = min(self.oracles.n_rows, TRAJECTORY_GRADIENT_ROWS)
+            n_gradient = self._trajectory_gradient_rows()
             with_reference = self.control is not None and n_gradient < self.oracles.n_rows
             n_grad_rows = n_gradient * (trajectory.n_steps + 1 + int(with_reference))
         return {
