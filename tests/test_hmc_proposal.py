@@ -12,6 +12,8 @@ exact. Checked by dropping the ratio in ``HamiltonianProposal.__call__``: the sd
 
 from __future__ import annotations
 
+import warnings
+
 import arviz as az
 import numpy as np
 import pymc as pm
@@ -156,3 +158,30 @@ def test_without_a_control_variate_the_gradient_reads_every_row():
     stats = idata.sample_stats
     np.testing.assert_array_equal(stats["n_grad_rows"].values, 3000 * (stats["n_steps"] + 1))
     assert stats["accepted"].values.mean() > 0.5
+
+
+def test_small_data_cost_warning_says_subsampling_cannot_help():
+    # N = 150 rows and a default batch of 100: no test reads less than two thirds of the data,
+    # and the cost warning says so instead of blaming the reference point.
+    model, _, _ = correlated_regression(150, seed=9)
+    with model:
+        step = pms.AusterityMH()
+        with pytest.warns(pms.SubsampleWarning, match="cannot save much on data this small"):
+            pm.sample(tune=200, draws=1000, chains=1, step=step, random_seed=7, **SAMPLE)
+
+
+def test_far_warning_is_silent_where_the_search_found_the_posterior_skewed():
+    # Six rows and a half-Cauchy scale: the automatic search measures the posterior far from
+    # its Laplace approximation (spread > 0.5), the chain rightly goes far beyond the Gaussian
+    # chi-square limit, and no warning blames the reference point for it.
+    y = np.random.default_rng(1).normal(0, 1, size=6)
+    with pm.Model():
+        mu = pm.Normal("mu", 0, 10)
+        scale = pm.HalfCauchy("scale", 5)
+        pm.Normal("y", mu=mu, sigma=scale, observed=y)
+        step = pms.AusterityMH()
+        with warnings.catch_warnings():
+            warnings.filterwarnings("error", "The chain reached", pms.SubsampleWarning)
+            idata = pm.sample(tune=500, draws=2000, chains=1, step=step, random_seed=1, **SAMPLE)
+    assert step.laplace_spread > 0.5 and step.proposal_kind == "hmc"
+    assert idata.sample_stats["reference_distance"].values.max() ** 2 > step.control.limit

@@ -292,7 +292,7 @@ class SubsampleMetropolisBase(SubsampleStepBase):
             elif proposal_cov is None:
                 proposal_cov = self.control.covariance
                 self._laplace_proposal = True
-        #: "random_walk", "langevin" or "independent": the proposal in use.
+        #: "random_walk", "langevin", "independent" or "hmc": the proposal in use.
         self.proposal_kind = self._resolve_proposal(requested_proposal, proposal_cov)
         if batch_size is None:
             default = (
@@ -325,6 +325,17 @@ class SubsampleMetropolisBase(SubsampleStepBase):
                 "all rows and is the exact test, without subsampling. Use a smaller batch_size "
                 "to subsample.",
             )
+
+    @property
+    def _gaussian_posterior(self) -> bool:
+        """Whether the far-from-reference warning's Gaussian limit describes the posterior.
+
+        Not where the automatic search measured the posterior far from its Laplace
+        approximation (``laplace_spread`` above ``INDEPENDENT_SPREAD``): there the chain rightly
+        goes beyond the limit, as on a skewed posterior. A reference point the user gave was
+        not measured (NaN): the warning stays.
+        """
+        return not self.laplace_spread > INDEPENDENT_SPREAD
 
     def _rebuild_for_data(self) -> None:
         # New data (pm.set_data): new N for the row sampler and the diagnostics, and new
@@ -498,7 +509,7 @@ class SubsampleMetropolisBase(SubsampleStepBase):
             stats["reference_distance"] = float(np.sqrt(distance_sq))
             if self.tune and self.recenter:
                 self._record_tuning_draw(q)
-            if not self.tune and distance_sq > self.control.limit:
+            if not self.tune and distance_sq > self.control.limit and self._gaussian_posterior:
                 self.diagnostics.warn_far(distance_sq, self.control.limit)
         if not self.tune:
             self.diagnostics.record(

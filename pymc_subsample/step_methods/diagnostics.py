@@ -115,6 +115,14 @@ class ChainDiagnostics:
                 )
 
     def _fallback_advice(self) -> str:
+        if 2 * self.batch_size >= self.n_rows:
+            # One batch is already half of the data: no test can read much less.
+            return (
+                f"With N={self.n_rows} rows a first batch of {self.batch_size} is already "
+                f"{self.batch_size / self.n_rows:.0%} of them, so subsampling cannot save much "
+                "on data this small; the draws are not affected. pm.sample() with NUTS on all "
+                "rows is usually the faster sampler here."
+            )
         if self.control_variate:
             return (
                 "The control variate is on, so the chain is probably far from its reference "
