@@ -501,11 +501,13 @@ def _laplace_log_weight_sd(
     (docs/control_variates.md): the exact sum of the rows' second-order Taylor terms at ``q``
     (from ``row_sums``, the rows' summed gradient and Hessian there) plus ``N / m`` times the
     residuals of ``m = min(N, 10,000)`` rows, the same rows for every draw. Its error is about
-    ``N sd(r_i) / sqrt(m)``, far below the refusal threshold where the proxies hold and exact
-    for N <= 10,000; where the posterior is far from Gaussian the residuals are large and so
-    is the spread. 40 full-data passes would cost 3 s at N = 10^6; this costs one, plus 4 x 10^5
-    rows. Forty draws, not ten: with ten the estimate of the sd straddled the refusal threshold
-    by seed (9.5 and 19.7 at the same non-centred mode).
+    ``N sd(r_i) / sqrt(m)``, far below the refusal threshold where the proxies hold; for
+    N <= 10,000 the rows' log-likelihood differences are summed exactly instead (the same
+    value, without compiling the residuals' graph); where the posterior is far from Gaussian
+    the residuals are large and so is the spread. 40 full-data passes would cost 3 s at
+    N = 10^6; this costs one, plus 4 x 10^5 rows. Forty draws, not ten: with ten the estimate
+    of the sd straddled the refusal threshold by seed (9.5 and 19.7 at the same non-centred
+    mode).
     """
     controlled = oracles.with_proxy_order(2)
     gradient_sum, hessian_sum = row_sums
@@ -520,14 +522,19 @@ def _laplace_log_weight_sd(
             noise = rng.standard_normal(q.size)
             offset = solve_triangular(factor.T, noise, lower=False)
             draw = q + offset
-            residuals = controlled.residual_ratio_rows(draw, q, q, rows)
             counts["loglik"] += rows.size
-            log_ratio = (
-                oracles.log_prior_ratio(draw, q)
-                + gradient_sum @ offset
-                + 0.5 * offset @ hessian_sum @ offset
-                + n_rows / rows.size * float(residuals.sum())
-            )
+            if rows.size == n_rows:
+                # Every row: the exact difference, without compiling the residuals' graph
+                # (seconds of set-up, wasted where the check then fails).
+                loglik_ratio = float(oracles.loglik_ratio_rows(draw, q, rows).sum())
+            else:
+                residuals = controlled.residual_ratio_rows(draw, q, q, rows)
+                loglik_ratio = (
+                    gradient_sum @ offset
+                    + 0.5 * offset @ hessian_sum @ offset
+                    + n_rows / rows.size * float(residuals.sum())
+                )
+            log_ratio = oracles.log_prior_ratio(draw, q) + loglik_ratio
             log_weights[k] = log_ratio + 0.5 * noise @ noise
         return float(np.std(log_weights)) if np.all(np.isfinite(log_weights)) else np.inf
 
