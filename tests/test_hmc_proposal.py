@@ -185,3 +185,20 @@ def test_far_warning_is_silent_where_the_search_found_the_posterior_skewed():
             idata = pm.sample(tune=500, draws=2000, chains=1, step=step, random_seed=1, **SAMPLE)
     assert step.laplace_spread > 0.5 and step.proposal_kind == "hmc"
     assert idata.sample_stats["reference_distance"].values.max() ** 2 > step.control.limit
+
+
+def test_a_failed_search_after_set_data_falls_back_to_trajectories_with_an_adapted_mass():
+    # The default independent proposal needs the Laplace approximation; if the search on new
+    # data fails (simulated here), the step moves to HMC and adapts a diagonal mass itself.
+    model, mean, cov = correlated_regression(1000, seed=10)
+    with model:
+        step = pms.AusterityMH()
+        assert step.proposal_kind == "independent"
+        step._make_control_variate = lambda reference_point: None  # the search "failed"
+        step._rebuild_for_data()
+        # A diagonal mass on these correlated coefficients mixes at about 0.4 effective draws
+        # per draw: 5,000 draws keep the ESS above the 1,500 the tolerances assume.
+        idata = pm.sample(tune=1000, draws=5000, chains=1, step=step, random_seed=8, **SAMPLE)
+    assert step.proposal_kind == "hmc" and step._adapt_mass and step.control is None
+    assert isinstance(step.proposal, HamiltonianProposal)
+    assert_exact(idata, mean, cov)

@@ -346,12 +346,13 @@ class SubsampleMetropolisBase(SubsampleStepBase):
             if self.control is None:  # the automatic search failed on the new data
                 self.control_variate = None
                 if self.proposal_kind == "independent":
-                    self.proposal_kind = "random_walk"
+                    self.proposal_kind = "hmc" if self.oracles.rows_depend_on_q else "random_walk"
             if self._laplace_proposal:  # a proposal_cov the user gave stays
                 self._laplace_proposal = self.control is not None
-                self.proposal = self._make_proposal(
-                    None if self.control is None else self.control.covariance
-                )
+                self._proposal_cov = None if self.control is None else self.control.covariance
+                # Without the Laplace covariance an HMC proposal adapts a diagonal mass.
+                self._adapt_mass = self.proposal_kind == "hmc" and self.control is None
+                self.proposal = self._make_proposal(self._proposal_cov)
         self.diagnostics = self._make_diagnostics()
 
     def _make_diagnostics(self) -> ChainDiagnostics:

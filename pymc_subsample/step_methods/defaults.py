@@ -100,6 +100,7 @@ def dropped_default_message(step_name: str, reason: str) -> str:
         f"{step_name} runs without its default control variate (control_variate='auto', a "
         f"second-order Taylor control variate around an automatic reference point): {reason}. "
         "Without it each draw's test reads a share of the N rows that does not shrink as N "
-        "grows (stat n_data), and the proposal covariance is the identity unless proposal_cov "
-        "is given."
+        "grows (stat n_data), and there is no Laplace covariance for the proposal: the default "
+        "Hamiltonian trajectories adapt a diagonal mass during tuning instead, unless "
+        "proposal_cov is given."
     )
