@@ -116,14 +116,9 @@ class MinibatchBarkerMH(SubsampleMetropolisBase):
     delta_star : float64
         The estimate of the log acceptance ratio the decision was made on (eq. 8); -inf after
         a non-finite proposal.
-    n_grad_rows : int64
-        Rows whose per-row gradient was evaluated for the proposal: ``2 * batch_size`` for
-        Langevin (the same rows at ``q`` and ``q'``), the gradient's rows times the
-        trajectory's gradient evaluations for HMC; 0 for the random walk and independent.
-    n_steps : int64
-        Leapfrog steps of the HMC proposal's trajectory (0 for the other proposals).
-    diverging : bool
-        The HMC trajectory's position, momentum or gradient became non-finite (a rejection).
+    n_grad_rows, n_steps, diverging : int64, int64, bool
+        The proposal's gradient rows, leapfrog steps and divergences, as for
+        :class:`~pymc_subsample.AusterityMH`.
     scaling : float64
         Proposal scale used (the leapfrog step size for HMC).
     temperature : float64

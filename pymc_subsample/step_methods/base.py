@@ -300,8 +300,7 @@ class SubsampleMetropolisBase(SubsampleStepBase):
             )
             # At most N: with fewer rows than a default batch the test is exact, as it should be.
             self.batch_size = min(default, self.oracles.n_rows)
-        #: Whether an HMC proposal adapts a diagonal mass during tuning (no covariance given).
-        self._adapt_mass = self.proposal_kind == "hmc" and proposal_cov is None
+        #: The proposal covariance in use: given, the Laplace one, or None (adapted for HMC).
         self._proposal_cov = proposal_cov
         self.proposal: Proposal = self._make_proposal(proposal_cov)
         self._trajectory = TrajectoryInfo(0, False)
@@ -327,6 +326,11 @@ class SubsampleMetropolisBase(SubsampleStepBase):
             )
 
     @property
+    def _adapt_mass(self) -> bool:
+        """Whether an HMC proposal adapts a diagonal mass during tuning (no covariance)."""
+        return self.proposal_kind == "hmc" and self._proposal_cov is None
+
+    @property
     def _gaussian_posterior(self) -> bool:
         """Whether the far-from-reference warning's Gaussian limit describes the posterior.
 
@@ -349,9 +353,8 @@ class SubsampleMetropolisBase(SubsampleStepBase):
                     self.proposal_kind = "hmc" if self.oracles.rows_depend_on_q else "random_walk"
             if self._laplace_proposal:  # a proposal_cov the user gave stays
                 self._laplace_proposal = self.control is not None
-                self._proposal_cov = None if self.control is None else self.control.covariance
                 # Without the Laplace covariance an HMC proposal adapts a diagonal mass.
-                self._adapt_mass = self.proposal_kind == "hmc" and self.control is None
+                self._proposal_cov = None if self.control is None else self.control.covariance
                 self.proposal = self._make_proposal(self._proposal_cov)
         self.diagnostics = self._make_diagnostics()
 
