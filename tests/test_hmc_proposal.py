@@ -95,6 +95,18 @@ def test_a_coarse_trajectory_is_corrected_to_the_exact_posterior(step_class):
     assert stats["n_steps"].values.min() >= 1 and not stats["diverging"].values.any()
     # The whole data set's gradient at each of n_steps + 1 points.
     np.testing.assert_array_equal(stats["n_grad_rows"].values, 1000 * (stats["n_steps"] + 1))
+    # energy_error is H(q', p') - H(q, p): each exact test accepts with probability
+    # min(1, exp(-energy_error)) (Metropolis) or 1 / (1 + exp(energy_error)) (Barker), so the
+    # acceptance rate matches its mean to within 4 standard errors (about 0.035 here; the
+    # wrong sign moved it by 0.11 for Barker and broke the all-accepted check for Austerity).
+    energy_error = stats["energy_error"].values.ravel()
+    assert np.all(np.isfinite(energy_error)) and energy_error.std() > 0.1
+    if step_class is pms.AusterityMH:
+        probability = np.exp(np.minimum(0.0, -energy_error))
+        assert stats["accepted"].values.ravel()[energy_error <= 0].all()
+    else:
+        probability = 1.0 / (1.0 + np.exp(energy_error))
+    assert abs(stats["accepted"].values.mean() - probability.mean()) < 0.035
 
 
 def test_tuning_adapts_the_step_size_and_a_diagonal_mass():

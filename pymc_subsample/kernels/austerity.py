@@ -39,6 +39,10 @@ class AusterityDecision(NamedTuple):
     n_batches: int
     full_data: bool
     nonfinite_proposal: bool
+    #: The estimate of the log acceptance ratio, ``N mu_hat / T`` plus the log prior and
+    #: proposal ratio: the test accepts when it exceeds ``log u`` (eq. 2 multiplied through by
+    #: N); -inf after a non-finite proposal.
+    delta_star: float
 
 
 def _threshold(log_u: float, log_prior_proposal_ratio: float, n_rows: int) -> float:
@@ -90,7 +94,7 @@ def sequential_mh_test(
     """
     log_u = float(np.log(rng.uniform()))
     if not np.isfinite(log_prior_proposal_ratio):
-        return AusterityDecision(False, 0, 0, False, True)
+        return AusterityDecision(False, 0, 0, False, True, -math.inf)
     n_rows = rows.n_rows
     threshold = temperature * _threshold(log_u, log_prior_proposal_ratio, n_rows)
 
@@ -99,14 +103,15 @@ def sequential_mh_test(
 
     outcome = run_stages(rng, log_ratio_rows, rows, batch_size, threshold, confident)
     if outcome.nonfinite:  # a NaN or infinite l_i: reject
-        return AusterityDecision(False, outcome.n_data, outcome.n_batches, False, True)
+        return AusterityDecision(False, outcome.n_data, outcome.n_batches, False, True, -math.inf)
+    delta_star = outcome.mean * n_rows / temperature + log_prior_proposal_ratio
     if outcome.full_data:
         total = outcome.mean * n_rows / temperature
         accepted = _exact_decision(total, log_prior_proposal_ratio, log_u)
     else:
         accepted = outcome.mean > threshold
     return AusterityDecision(
-        bool(accepted), outcome.n_data, outcome.n_batches, outcome.full_data, False
+        bool(accepted), outcome.n_data, outcome.n_batches, outcome.full_data, False, delta_star
     )
 
 
@@ -125,14 +130,15 @@ def exact_mh_test(
     """
     log_u = float(np.log(rng.uniform()))
     if not np.isfinite(log_prior_proposal_ratio):
-        return AusterityDecision(False, 0, 0, False, True)
+        return AusterityDecision(False, 0, 0, False, True, -math.inf)
     total = 0.0
     for start in range(0, n_rows, FULL_PASS_CHUNK):
         total += float(log_ratio_rows(np.arange(start, min(start + FULL_PASS_CHUNK, n_rows))).sum())
     if not math.isfinite(total):
-        return AusterityDecision(False, n_rows, 1, True, True)
+        return AusterityDecision(False, n_rows, 1, True, True, -math.inf)
     accepted = _exact_decision(total / temperature, log_prior_proposal_ratio, log_u)
-    return AusterityDecision(accepted, n_rows, 1, True, False)
+    delta_star = total / temperature + log_prior_proposal_ratio
+    return AusterityDecision(accepted, n_rows, 1, True, False, delta_star)
 
 
 def _exact_decision(total_log_ratio: float, log_prior_proposal_ratio: float, log_u: float) -> bool:

@@ -163,6 +163,10 @@ class AusterityMH(SubsampleMetropolisBase):
     nonfinite_proposal : bool
         The proposal was rejected because its prior or some row's log-likelihood was NaN or
         infinite.
+    delta_star : float64
+        The estimate of the log acceptance ratio the decision was made on: N times the mean
+        ``l_i`` of the rows used, over the temperature, plus the log prior and proposal ratio
+        (the test accepts when it exceeds ``log u``); -inf after a non-finite proposal.
     n_grad_rows : int64
         Rows whose per-row gradient was evaluated for the proposal: ``2 * batch_size`` for
         Langevin (the same rows at ``q`` and ``q'``), the gradient's rows times the
@@ -171,6 +175,10 @@ class AusterityMH(SubsampleMetropolisBase):
         Leapfrog steps of the HMC proposal's trajectory (0 for the other proposals).
     diverging : bool
         The HMC trajectory's position, momentum or gradient became non-finite (a rejection).
+    energy_error : float64
+        For HMC, PyMC's name for the change in the Hamiltonian from the start of the trajectory
+        to its end, ``-delta_star`` (estimated like the test's log ratio; inf after a
+        divergence); NaN for the other proposals.
     scaling : float64
         Proposal scale used for this draw (the leapfrog step size for HMC).
     temperature : float64
@@ -195,9 +203,11 @@ class AusterityMH(SubsampleMetropolisBase):
         "n_batches": (np.int64, []),
         "full_data": (bool, []),
         "nonfinite_proposal": (bool, []),
+        "delta_star": (np.float64, []),
         "n_grad_rows": (np.int64, []),
         "n_steps": (np.int64, []),
         "diverging": (bool, []),
+        "energy_error": (np.float64, []),
         "scaling": (np.float64, []),
         "temperature": (np.float64, []),
         "residual_kurtosis": (np.float64, []),

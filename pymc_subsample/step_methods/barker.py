@@ -116,9 +116,9 @@ class MinibatchBarkerMH(SubsampleMetropolisBase):
     delta_star : float64
         The estimate of the log acceptance ratio the decision was made on (eq. 8); -inf after
         a non-finite proposal.
-    n_grad_rows, n_steps, diverging : int64, int64, bool
-        The proposal's gradient rows, leapfrog steps and divergences, as for
-        :class:`~pymc_subsample.AusterityMH`.
+    n_grad_rows, n_steps, diverging, energy_error : int64, int64, bool, float64
+        The proposal's gradient rows, leapfrog steps, divergences and (for HMC) change in the
+        Hamiltonian ``-delta_star``, as for :class:`~pymc_subsample.AusterityMH`.
     scaling : float64
         Proposal scale used (the leapfrog step size for HMC).
     temperature : float64
@@ -141,6 +141,7 @@ class MinibatchBarkerMH(SubsampleMetropolisBase):
         "n_grad_rows": (np.int64, []),
         "n_steps": (np.int64, []),
         "diverging": (bool, []),
+        "energy_error": (np.float64, []),
         "scaling": (np.float64, []),
         "temperature": (np.float64, []),
         "residual_kurtosis": (np.float64, []),

@@ -8,6 +8,7 @@ those of ``_draw_stats``: ``n_grad_rows``, ``scaling``, ``temperature``) in
 
 from __future__ import annotations
 
+import math
 import os
 from abc import abstractmethod
 from collections.abc import Callable, Sequence
@@ -79,11 +80,15 @@ Proposal = RandomWalkProposal | LangevinProposal | IndependentProposal | Hamilto
 
 
 class TestDecision(Protocol):
-    """What a test kernel returns: a NamedTuple of stats with at least ``accepted``."""
+    """What a test kernel returns: a NamedTuple of stats with ``accepted`` and ``delta_star``."""
 
     @property
     def accepted(self) -> bool:
         """Whether the proposal was accepted."""
+
+    @property
+    def delta_star(self) -> float:
+        """The estimate of the log acceptance ratio the decision was made on."""
 
     def _asdict(self) -> dict[str, Any]: ...
 
@@ -504,6 +509,9 @@ class SubsampleMetropolisBase(SubsampleStepBase):
         q = q_new if decision.accepted else q_old
         stats = {**decision._asdict(), **self._draw_stats(), "scaling": scaling}
         stats["accepted"] = float(decision.accepted)
+        # PyMC's energy_error, H(q', p') - H(q, p): minus the estimated log acceptance ratio,
+        # whose proposal part is the kinetic energies' difference (kernels/trajectory.py).
+        stats["energy_error"] = -decision.delta_star if self.proposal_kind == "hmc" else math.nan
         stats["n_data"] += self._pending_rows
         self._pending_rows = 0
         stats["residual_kurtosis"] = kurtosis[0] if kurtosis else float("nan")
