@@ -62,7 +62,7 @@ def sgld_chain(
     stamps = np.empty(steps)
     for t in range(burn_in + steps):
         rows = rng.integers(0, oracles.n_rows, size=batch_size)
-        gradient = oracles.minibatch_gradient(q, rows)
+        gradient = oracles.gradient_on_rows(rows)(q)
         q = q + 0.5 * step_size * gradient + np.sqrt(step_size) * rng.standard_normal(q.size)
         if t >= burn_in:
             draws[t - burn_in] = q

@@ -213,26 +213,17 @@ class ModelOracles:
         """Gradient of :meth:`log_prior`."""
         return self._gradient("log_prior_grad", self._functions.prior_grad)(q)
 
-    def minibatch_gradient(
-        self, q: np.ndarray, rows: np.ndarray, temperature: float = 1.0
-    ) -> np.ndarray:
-        """``log_prior_grad(q) + N / (n T) * sum of score_rows(q, rows)``: unbiased for i.i.d. rows.
-
-        The gradient estimate of stochastic-gradient Langevin dynamics (Korattikara et al. 2016,
-        eq. 21), with the likelihood tempered by ``1 / temperature``.
-        """
-        factor = self.n_rows / (rows.size * temperature)
-        return self.log_prior_grad(q) + factor * self.score_rows(q, rows).sum(0)
-
     def gradient_on_rows(
         self, rows: np.ndarray | None, temperature: float = 1.0
     ) -> Callable[[np.ndarray], np.ndarray]:
         """``q -> log_prior_grad(q) + N / (n T) * sum of score_rows(q, rows)``, rows read once.
 
-        The same estimate as :meth:`minibatch_gradient` for a gradient evaluated at many points
-        on the same rows (a trajectory's): the rows' data are gathered once, and one compiled
-        call takes the gradient of the rows' sum (no per-row matrix). ``rows=None`` is every
-        row, read in place (no copy): the exact gradient of the tempered log posterior.
+        Unbiased for rows drawn with replacement: the gradient estimate of stochastic-gradient
+        Langevin dynamics (Korattikara et al. 2016, eq. 21) and of a trajectory's leapfrog
+        steps, with the likelihood tempered by ``1 / temperature``. The rows' data are gathered
+        once for any number of points, and one compiled call takes the gradient of the rows'
+        sum (no per-row matrix). ``rows=None`` is every row, read in place (no copy): the exact
+        gradient of the tempered log posterior.
         """
         function = self._gradient("gradient_on_rows", self._functions.posterior_gradient)
         if rows is None:

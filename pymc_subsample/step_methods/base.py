@@ -584,7 +584,7 @@ class SubsampleMetropolisBase(SubsampleStepBase):
         # (an unbiased gradient estimate at O(n)), independent of the rows the test draws,
         # and used for the gradient at both q and q'.
         rows = self.rng.integers(0, self.n_rows, size=self.batch_size)
-        gradient = partial(self.oracles.minibatch_gradient, rows=rows, temperature=self.temperature)
+        gradient = self.oracles.gradient_on_rows(rows, self.temperature)
         return self.proposal(self.rng, q_old, self.scaling, gradient)
 
     def _trajectory_gradient(self) -> Callable[[np.ndarray], np.ndarray]:
