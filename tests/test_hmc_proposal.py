@@ -124,18 +124,48 @@ def test_tuning_adapts_the_step_size_and_a_diagonal_mass():
     assert 0.6 < accepted < 0.97  # dual averaging aims at 0.8
 
 
-def test_minibatch_gradient_with_a_control_variate_stays_exact(monkeypatch):
-    # 50 rows per trajectory's gradient (of 3,000): a noisy gradient, still a valid proposal.
+@pytest.mark.parametrize("control_variate", ["taylor1", "taylor2"])
+def test_minibatch_gradient_with_a_control_variate_stays_exact(monkeypatch, control_variate):
+    # 50 rows per trajectory's gradient (of 3,000): a noisy gradient with taylor1, still a
+    # valid proposal; with taylor2 (exact here, below) the same run checks the bookkeeping.
     monkeypatch.setattr(step_base, "TRAJECTORY_GRADIENT_ROWS", 50)
     model, mean, cov = correlated_regression(3000, seed=7)
     with model:
-        step = pms.AusterityMH(proposal="hmc")
+        step = pms.AusterityMH(proposal="hmc", control_variate=control_variate)
         idata = pm.sample(tune=500, draws=3000, chains=1, step=step, random_seed=5, **SAMPLE)
     assert step.control is not None
     assert_exact(idata, mean, cov, min_ess=1000)
     stats = idata.sample_stats
-    # 50 rows at n_steps + 1 points and once at the reference point.
-    np.testing.assert_array_equal(stats["n_grad_rows"].values, 50 * (stats["n_steps"] + 2))
+    if control_variate == "taylor1":
+        # 50 rows at n_steps + 1 points and once at the reference point.
+        expected = 50 * (stats["n_steps"] + 2)
+    else:
+        # 50 rows at each point and, for the Hessian-vector product, at the reference point.
+        expected = 50 * 2 * (stats["n_steps"] + 1)
+    np.testing.assert_array_equal(stats["n_grad_rows"].values, expected)
+
+
+def test_second_order_gradient_estimate_is_exact_on_a_gaussian_likelihood(monkeypatch):
+    # A Gaussian likelihood is quadratic in the coefficients: every row's score equals its
+    # first-order expansion at the reference, so the taylor2 estimate from 50 of 3,000 rows is
+    # the exact gradient at any point (to rounding), and the taylor1 one is not (the check
+    # that the comparison can fail). Dropping the Hessian-vector product term breaks it.
+    monkeypatch.setattr(step_base, "TRAJECTORY_GRADIENT_ROWS", 50)
+    model, _, cov = correlated_regression(3000, seed=8)
+    rng = np.random.default_rng(0)
+    errors = {}
+    for control_variate in ("taylor1", "taylor2"):
+        with model:
+            step = pms.AusterityMH(proposal="hmc", control_variate=control_variate)
+        exact = step.oracles.gradient_on_rows(None)
+        reference = step.control.proxy.reference
+        points = reference + rng.multivariate_normal(np.zeros(3), 4.0 * cov, size=5)
+        scale = np.linalg.norm(exact(points[0] + 10.0))  # a gradient far out, for units
+        errors[control_variate] = max(
+            np.linalg.norm(step._trajectory_gradient()(q) - exact(q)) / scale for q in points
+        )
+    assert errors["taylor2"] < 1e-9
+    assert errors["taylor1"] > 1e-4
 
 
 def test_auto_picks_the_proposal():

@@ -62,8 +62,9 @@ class AusterityMH(SubsampleMetropolisBase):
         size ``scaling`` and an integration time of a quarter period of the Gaussian with
         covariance ``proposal_cov`` (jittered by [0.5, 1.5], at most 100 steps), driven by the
         gradient of all rows when N <= 2,000 or without a control variate at temperature 1,
-        else of 2,000 rows drawn once per trajectory (with the control variate's reference
-        scores subtracted); its log proposal ratio is the
+        else of 2,000 rows drawn once per trajectory (estimating only what the control
+        variate's Taylor proxies leave, whose sums over all rows are known); its log proposal
+        ratio is the
         kinetic energies' difference, so the test keeps the chain on the posterior whatever the
         gradient's noise (``docs/hmc.md``). Tuning adapts the step size by dual averaging and,
         without a ``proposal_cov`` or a Laplace covariance, a diagonal mass (Stan's windows).

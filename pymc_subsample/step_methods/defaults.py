@@ -50,7 +50,7 @@ INDEPENDENT_SPREAD = 0.5
 #: Where the independent proposal does not apply, ``proposal="auto"`` runs Hamiltonian
 #: trajectories (``kernels/trajectory.py``) driven by the gradient of all rows when
 #: N <= this or without a control variate at temperature 1, else of this many rows drawn per
-#: trajectory (with the control variate's reference scores subtracted when there is one).
+#: trajectory (estimating only the control variate's Taylor remainders when there is one).
 TRAJECTORY_GRADIENT_ROWS = 2_000
 #: Integration time in whitened coordinates (jittered by [0.5, 1.5]): a quarter period of the
 #: Gaussian the proposal covariance describes, after which the position is independent of the
