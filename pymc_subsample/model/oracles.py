@@ -635,11 +635,17 @@ def _remainder_gradient_graph(
     # times the direction is the gradient of the summed score's projection on it (a
     # Hessian-vector product, no d x d matrix per row), the direction held constant.
     factor = pt.dscalar("likelihood_factor")
-    gradient = pytensor.grad(prior_q + factor * rows_q.sum(), q, disconnected_inputs="ignore")
-    score_ref = pytensor.grad(rows_ref.sum(), q_ref, disconnected_inputs="ignore")
+    gradient = cast(
+        TensorVariable,
+        pytensor.grad(prior_q + factor * rows_q.sum(), q, disconnected_inputs="ignore"),
+    )
+    score_ref = cast(
+        TensorVariable, pytensor.grad(rows_ref.sum(), q_ref, disconnected_inputs="ignore")
+    )
     direction = disconnected_grad(q - q_ref)
-    hessian_direction = pytensor.grad(
-        (score_ref * direction).sum(), q_ref, disconnected_inputs="ignore"
+    hessian_direction = cast(
+        TensorVariable,
+        pytensor.grad((score_ref * direction).sum(), q_ref, disconnected_inputs="ignore"),
     )
     return [q, q_ref, factor, *row_inputs], gradient - factor * (score_ref + hessian_direction)
 
