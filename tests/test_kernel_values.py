@@ -196,7 +196,7 @@ def test_nonfinite_prior_rejects_without_data():
     decision = sequential_mh_test(
         np.random.default_rng(0), _constant_rows(1.0), RowSampler(10), -np.inf, 0.05, 5
     )
-    assert decision == (False, 0, 0, False, True)
+    assert decision == (False, 0, 0, False, True, -np.inf)
 
 
 def test_obvious_decisions_stop_at_first_batch():

@@ -600,7 +600,7 @@ def _residual_graph(
     """
     step = q - q_old
     centre = q + q_old - 2 * q_ref if order == 2 else None
-    proxies = per_row_proxy_terms(rows_ref, q_ref, row_inputs, step, centre)
+    proxies = per_row_proxy_terms(rows_ref, q_ref, step, centre)
     return [q, q_old, q_ref, *row_inputs], rows_q - rows_q_old - proxies
 
 
