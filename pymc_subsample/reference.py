@@ -14,9 +14,10 @@ fewer rows otherwise moves the iterate away again by the noise of those rows (re
 N_0 never converged on logistic regression with d = 10; restarting at half the last batch
 still failed within 100 iterations at d = 50, N = 10^4).
 
-At set-up only, a few full-data passes guard the result: it is never worse than the start, and
-a point with no mode there (a funnel, a singular Hessian) or far from Gaussian around it carries
-a ``failure`` that steps with control variates refuse (docs/control_variates.md).
+At set-up only, a few full-data passes guard the result: it is a mode found on all rows or no
+worse than the start, and a point with no mode there (a funnel, a singular Hessian) or far from
+Gaussian around it carries a ``failure`` that steps with control variates refuse
+(docs/control_variates.md).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from pymc_subsample.kernels.optimizer import (
     newton_curvature,
 )
 from pymc_subsample.kernels.row_sampler import RowSampler
-from pymc_subsample.model.oracles import ModelOracles, build_oracles
+from pymc_subsample.model.oracles import ModelOracles, Rows, build_oracles, row_chunks
 from pymc_subsample.warnings import warn_user
 
 __all__ = [
@@ -339,9 +340,11 @@ def optimise_reference(
 ) -> Optimum:
     """Run the iterations of :func:`find_reference_point` on compiled oracles.
 
-    Never returns a point whose full-data log posterior is non-finite or below the start's
-    (one chunked pass over the rows at each end, at set-up only); :attr:`Optimum.failure`
-    says why a point is not a usable reference.
+    Returns a mode found on all rows (a converged Newton iteration with a negative definite
+    Hessian), or else a point whose full-data log posterior is finite and no lower than the
+    start's (one chunked pass over the rows at each end, at set-up only; the end's is the last
+    full-data line search's value where that is the point returned); :attr:`Optimum.failure`
+    says why a point is not a usable reference. Full-data passes read ranges of rows in place.
     """
     _check_arguments(method, error_tolerance, tol)
     n_rows, d = oracles.n_rows, oracles.n_params
@@ -356,7 +359,8 @@ def optimise_reference(
     # current values: make them the same.
     oracles.freeze_shared()
     counts = {"gradient": 0, "loglik": 0}
-    start_value = _log_posterior(oracles, q0, counts)
+    # The full-data log posterior at the last point a line search on all rows accepted.
+    known: tuple[np.ndarray, float] | None = None
     batch_sizes: list[int] = []
     converged, decrement, last = False, float("inf"), None
     final_sums: tuple[np.ndarray, np.ndarray] | None = None
@@ -371,30 +375,40 @@ def optimise_reference(
             last = None  # the gradient or curvature overflowed here: not a usable point
             nonfinite = str(error)
             break
-        batch_sizes.append(rows.size)
+        n_used = _row_count(rows, n_rows)
+        batch_sizes.append(n_used)
         # Start the next test at this batch size: the precision needed grows near the mode,
         # and starting smaller lets a chance pass on few rows throw the iterate away again.
-        size = n_rows if _all_rows_pay(max(size, rows.size), n_rows) else max(size, rows.size)
+        size = n_rows if _all_rows_pay(max(size, n_used), n_rows) else max(size, n_used)
         decrement = test.newton_decrement_sq
-        last = curvature if rows.size == n_rows else None
-        if rows.size == n_rows and decrement < tol:
+        last = curvature if n_used == n_rows else None
+        if n_used == n_rows and decrement < tol:
             # Converged on all rows: the remaining step is below tol in squared posterior sds.
             # Stay at this point, where the rows' summed gradient and Hessian were just computed:
             # the control variate takes them instead of another full pass.
             converged = curvature.n_modified == 0
             final_sums = sums
             break
-        if rows.size == n_rows and decrement <= d and curvature.n_modified == 0:
+        if n_used == n_rows and decrement <= d and curvature.n_modified == 0:
             # Within about one posterior sd of a mode on all rows, where the curvature is
             # negative definite: the quadratic regime, where the full Newton step needs no
             # check (and a check would cost a data pass).
             q = q + test.step
         else:
-            q = _line_search(oracles, q, test.step, rows, decrement, counts)
-    end_value = _log_posterior(oracles, q, counts)
-    if not end_value >= start_value:
-        # Never hand back a point worse than the start (or with a non-finite log density).
-        q, end_value, converged, last = q0, start_value, False, None
+            q, value = _line_search(oracles, q, test.step, rows, decrement, counts)
+            known = None if value is None else (q, value)
+    if known is not None and np.array_equal(known[0], q):
+        end_value = known[1]
+    else:
+        end_value = _log_posterior(oracles, q, counts)
+    start_value = end_value
+    if not (converged and np.isfinite(end_value)):
+        # Never hand back a point worse than the start (or with a non-finite log density). A
+        # mode found on all rows (converged, negative definite Hessian) is kept without this
+        # comparison, which would cost a pass over the data.
+        start_value = _log_posterior(oracles, q0, counts)
+        if not end_value >= start_value:
+            q, end_value, converged, last = q0, start_value, False, None
     failure = _failure(
         converged, decrement, last, (len(batch_sizes), max_iter), tol, start_value, end_value
     )
@@ -561,8 +575,7 @@ def _log_posterior(oracles: ModelOracles, q: np.ndarray, counts: dict[str, int])
     total = oracles.log_prior(q)
     # Far from the mode the row densities may overflow: that is a -inf (rejected) point here.
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-        for begin in range(0, oracles.n_rows, _CHUNK):
-            rows = np.arange(begin, min(begin + _CHUNK, oracles.n_rows))
+        for rows in row_chunks(oracles.n_rows, _CHUNK):
             total += float(oracles.loglik_rows(q, rows).sum())
     counts["loglik"] += oracles.n_rows
     return total if np.isfinite(total) else -np.inf
@@ -577,11 +590,12 @@ def _tested_update(
     z: float,
     method: str,
     counts: dict[str, int],
-) -> tuple[np.ndarray, DirectionTest, Curvature, tuple[np.ndarray, np.ndarray] | None]:
+) -> tuple[Rows, DirectionTest, Curvature, tuple[np.ndarray, np.ndarray] | None]:
     """Grow a minibatch (doubling) until the update passes the direction test; all rows at most.
 
-    Returns the rows used, the test, the curvature and, for ``method="newton"`` on all rows, the
-    rows' summed gradient and Hessian at ``q`` (else None).
+    Returns the rows used (a slice when a test read every row at once), the test, the
+    curvature and, for ``method="newton"`` on all rows, the rows' summed gradient and Hessian
+    at ``q`` (else None).
     """
     n_rows, d = oracles.n_rows, oracles.n_params
     sampler.start_test()
@@ -591,18 +605,30 @@ def _tested_update(
     score_sum, outer_sum, hessian_sum = np.zeros(d), np.zeros((d, d)), np.zeros((d, d))
     size = min(first, n_rows)
     while True:
-        # Sorted, the rows are gathered from the data in memory order (4x faster at N = 1e6).
-        rows = np.sort(sampler.draw(rng, size))
-        chunks.append(rows)
-        counts["gradient"] += rows.size
-        # In chunks: an (n, d) score matrix and the gathered data rows are O(chunk) memory.
-        for begin in range(0, rows.size, _CHUNK):
-            scores = oracles.score_rows(q, rows[begin : begin + _CHUNK])
+        pieces: list[Rows]
+        if size == n_rows:
+            # Every row: read in place, range by range (no gather, no copy).
+            sampler.draw(rng, n_rows)
+            pieces = list(row_chunks(n_rows, _CHUNK))
+        else:
+            # Sorted, the rows are gathered from the data in memory order (4x faster at
+            # N = 1e6); in chunks, an (n, d) score matrix and the gathered data rows are
+            # O(chunk) memory.
+            rows = np.sort(sampler.draw(rng, size))
+            chunks.append(rows)
+            pieces = [rows[begin : begin + _CHUNK] for begin in range(0, rows.size, _CHUNK)]
+        counts["gradient"] += size
+        for piece in pieces:
+            scores = oracles.score_rows(q, piece)
             with np.errstate(over="ignore", invalid="ignore"):  # checked below
                 score_sum += scores.sum(0)
                 outer_sum += scores.T @ scores
         if method == "newton":
-            hessian_sum += oracles.gradient_hessian_sums(q, rows)[1]
+            hessian_sum += (
+                oracles.gradient_hessian_sums(q)[1]
+                if size == n_rows
+                else oracles.gradient_hessian_sums(q, np.concatenate(pieces))[1]
+            )
         n_used = sampler.n_taken
         scale = n_rows / n_used
         matrix = scale * (-hessian_sum if method == "newton" else outer_sum) - prior_hessian
@@ -625,7 +651,8 @@ def _tested_update(
             full_sums = (
                 (score_sum, hessian_sum) if n_used == n_rows and method == "newton" else None
             )
-            return np.concatenate(chunks), test, curvature, full_sums
+            used: Rows = slice(0, n_rows) if not chunks else np.concatenate(chunks)
+            return used, test, curvature, full_sums
         # Double the batch, or take all rows once they pay.
         size = n_rows - n_used if _all_rows_pay(n_used, n_rows) else n_used
 
@@ -644,31 +671,45 @@ def _line_search(
     oracles: ModelOracles,
     q: np.ndarray,
     step: np.ndarray,
-    rows: np.ndarray,
+    rows: Rows,
     decrement: float,
     counts: dict[str, int],
-) -> np.ndarray:
-    """Backtrack from the full step until the minibatch objective rises enough (Armijo)."""
-    scale = oracles.n_rows / rows.size
+) -> tuple[np.ndarray, float | None]:
+    """Backtrack from the full step until the minibatch objective rises enough (Armijo).
+
+    Returns the new point and, when ``rows`` are all the rows (a slice), the full-data log
+    posterior there (None otherwise).
+    """
+    n_used = _row_count(rows, oracles.n_rows)
+    scale = oracles.n_rows / n_used
+    pieces = list(row_chunks(oracles.n_rows, _CHUNK)) if isinstance(rows, slice) else [rows]
     alpha = 1.0
     # Row-wise differences of loglik_rows (as precise as loglik_ratio_rows, unlike a difference
     # of sums): a step with a control variate never calls loglik_ratio_rows, which is then not
     # compiled at all (model/compiled.py).
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-        base = oracles.loglik_rows(q, rows)
-    counts["loglik"] += rows.size
+        base = [oracles.loglik_rows(q, piece) for piece in pieces]
+    counts["loglik"] += n_used
     for _ in range(_MAX_HALVINGS):
         candidate = q + alpha * step
-        counts["loglik"] += rows.size
+        counts["loglik"] += n_used
         # A long trial step may overflow the row densities: a non-finite gain rejects it.
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-            gain = oracles.log_prior_ratio(candidate, q) + scale * float(
-                (oracles.loglik_rows(candidate, rows) - base).sum()
+            values = [oracles.loglik_rows(candidate, piece) for piece in pieces]
+            gain = oracles.log_prior_ratio(candidate, q) + scale * sum(
+                float((value - old).sum()) for value, old in zip(values, base, strict=True)
             )
         if np.isfinite(gain) and gain >= _ARMIJO * alpha * decrement:
-            return candidate
+            if not isinstance(rows, slice):
+                return candidate, None
+            total = oracles.log_prior(candidate) + sum(float(value.sum()) for value in values)
+            return candidate, total if np.isfinite(total) else None
         alpha *= 0.5
-    return q
+    return q, None
+
+
+def _row_count(rows: Rows, n_rows: int) -> int:
+    return len(range(*rows.indices(n_rows))) if isinstance(rows, slice) else rows.size
 
 
 def _points(

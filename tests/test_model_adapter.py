@@ -136,6 +136,9 @@ def test_rows_match_pymc_elementwise_logp(build):
     np.testing.assert_allclose(oracles.loglik_rows(q, idx), reference[idx], rtol=1e-8)
     all_rows = oracles.loglik_rows(q, np.arange(N))
     np.testing.assert_allclose(all_rows, reference, rtol=1e-8)
+    # A slice reads a range of rows in place (a view where the data are C-ordered).
+    np.testing.assert_allclose(oracles.loglik_rows(q, slice(0, N)), reference, rtol=1e-8)
+    np.testing.assert_allclose(oracles.loglik_rows(q, slice(17, 61)), reference[17:61], rtol=1e-8)
     q_new = q + 0.01
     np.testing.assert_allclose(
         oracles.loglik_ratio_rows(q_new, q, idx),
@@ -169,6 +172,32 @@ def test_backends_agree(mode):
     )
     idx = np.arange(0, N, 7)
     np.testing.assert_allclose(oracles.loglik_rows(q, idx), reference[idx], rtol=1e-8)
+
+
+@pytest.mark.parametrize("order", ["C", "F"])
+def test_ranges_of_rows_read_in_place_or_gathered(order):
+    """Slices of rows give the values and sums of the same rows as indices, in either order.
+
+    A C-ordered array is read through views; a Fortran-ordered one (whose row ranges are not
+    contiguous) is gathered. Mixing up the two paths, or the range's bounds, fails this.
+    """
+    with pm.Model() as model:
+        beta = pm.Normal("beta", 0.0, 1.0, shape=3)
+        pm.Normal("y", pm.math.dot(np.asarray(X, order=order), beta), 1.0, observed=Y)
+    oracles = build_oracles(
+        model, model.value_vars, initial_point=model.initial_point(), proxy_order=2
+    )
+    q = np.array([0.3, -1.0, 0.2])
+    np.testing.assert_allclose(
+        oracles.loglik_rows(q, slice(40, 95)), oracles.loglik_rows(q, np.arange(40, 95))
+    )
+    np.testing.assert_allclose(
+        oracles.score_rows(q, slice(0, 7)), oracles.score_rows(q, np.arange(7))
+    )
+    by_slices = oracles.gradient_hessian_sums(q, chunk_size=64)
+    by_indices = oracles.gradient_hessian_sums(q, np.arange(N), chunk_size=64)
+    for sliced, indexed in zip(by_slices, by_indices, strict=True):
+        np.testing.assert_allclose(sliced, indexed, rtol=1e-12)
 
 
 def test_reduction_over_rows_is_refused():

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from pymc.pytensorf import compile as compile_pytensor
+from pytensor import config
 from pytensor.graph.basic import Variable
 
 from pymc_subsample.warnings import numba_fallbacks_silenced
@@ -59,8 +60,12 @@ class LazyFunction:
     def compile(self) -> Callable[..., Any]:
         """Compile now (idempotent) and return the compiled function."""
         if self._function is None:
-            inputs, outputs = self._build()
-            self._function = compile_function(list(inputs), outputs, self._compile_kwargs)
+            # The derivative graphs have thousands of nodes, and PyTensor records a stack
+            # trace at each node's creation (and each rewrite's): 0.1 s of a step's set-up,
+            # for tracebacks that would point inside this package, not at the user's model.
+            with config.change_flags(traceback__limit=0):
+                inputs, outputs = self._build()
+                self._function = compile_function(list(inputs), outputs, self._compile_kwargs)
         return self._function
 
     def __getstate__(self) -> tuple[Any, ...]:
