@@ -606,6 +606,7 @@ def _tested_update(
     size = min(first, n_rows)
     while True:
         pieces: list[Rows]
+        rows: np.ndarray | None = None  # None: every row
         if size == n_rows:
             # Every row: read in place, range by range (no gather, no copy).
             sampler.draw(rng, n_rows)
@@ -624,11 +625,7 @@ def _tested_update(
                 score_sum += scores.sum(0)
                 outer_sum += scores.T @ scores
         if method == "newton":
-            hessian_sum += (
-                oracles.gradient_hessian_sums(q)[1]
-                if size == n_rows
-                else oracles.gradient_hessian_sums(q, np.concatenate(pieces))[1]
-            )
+            hessian_sum += oracles.gradient_hessian_sums(q, rows)[1]
         n_used = sampler.n_taken
         scale = n_rows / n_used
         matrix = scale * (-hessian_sum if method == "newton" else outer_sum) - prior_hessian

@@ -662,11 +662,7 @@ def _remainder_gradient_graph(
     # Rows' summed remainders s_i(q) - s_i(q_ref) - H_i(q_ref) (q - q_ref): the summed Hessian
     # times the direction is the gradient of the summed score's projection on it (a
     # Hessian-vector product, no d x d matrix per row), the direction held constant.
-    factor = pt.dscalar("likelihood_factor")
-    gradient = cast(
-        TensorVariable,
-        pytensor.grad(prior_q + factor * rows_q.sum(), q, disconnected_inputs="ignore"),
-    )
+    [_, factor, *_], gradient = _posterior_gradient_graph(prior_q, rows_q, q, row_inputs)
     score_ref = cast(
         TensorVariable, pytensor.grad(rows_ref.sum(), q_ref, disconnected_inputs="ignore")
     )
