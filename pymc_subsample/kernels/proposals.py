@@ -75,6 +75,7 @@ class LangevinProposal:
     def __init__(self, n_params: int, proposal_cov: ArrayLike | None = None) -> None:
         self.n_params = n_params
         self.chol_factor = _cholesky_factor(n_params, proposal_cov)
+        self._inverse_factor = _inverse_factor(self.chol_factor)
 
     def __call__(
         self, rng: np.random.Generator, q: np.ndarray, scaling: float, gradient: Gradient
@@ -93,7 +94,7 @@ class LangevinProposal:
                 return q_new, -np.inf
             backward_drift = 0.5 * alpha * self._precondition(gradient(q_new))
             # Standardised residual of q given q': L^{-1} (q - q' - drift(q')) / scaling.
-            backward = _solve_factor(self.chol_factor, q - q_new - backward_drift) / scaling
+            backward = _times_factor(self._inverse_factor, q - q_new - backward_drift) / scaling
             log_ratio = 0.5 * float(noise @ noise) - 0.5 * float(backward @ backward)
         return q_new, log_ratio if np.isfinite(log_ratio) else -np.inf
 
@@ -134,6 +135,7 @@ class IndependentProposal:
         self.mean = np.array(mean, dtype=float)
         self.n_params = self.mean.size
         self.chol_factor = _cholesky_factor(self.n_params, cov)
+        self._inverse_factor = _inverse_factor(self.chol_factor)
 
     def __call__(
         self, rng: np.random.Generator, q: np.ndarray, scaling: float
@@ -141,7 +143,7 @@ class IndependentProposal:
         """Return ``q'`` and ``log q(q) - log q(q')``; ``scaling`` is ignored."""
         noise = rng.standard_normal(self.n_params)
         q_new = self.mean + _times_factor(self.chol_factor, noise)
-        whitened = _solve_factor(self.chol_factor, q - self.mean)
+        whitened = _times_factor(self._inverse_factor, q - self.mean)
         return q_new, 0.5 * (float(noise @ noise) - float(whitened @ whitened))
 
 
@@ -152,11 +154,17 @@ def _times_factor(factor: np.ndarray, noise: np.ndarray) -> np.ndarray:
     return factor @ noise
 
 
-def _solve_factor(factor: np.ndarray, vector: np.ndarray) -> np.ndarray:
-    # L^{-1} v for a diagonal (vector) or lower-triangular factor, by triangular solve.
+def _inverse_factor(factor: np.ndarray) -> np.ndarray:
+    """``L^{-1}`` of a diagonal (vector) or lower-triangular factor, once per proposal.
+
+    A draw then whitens with one matrix-vector product: SciPy's triangular solve costs about
+    10 us per call at d = 10 through its argument checks (a quarter of a draw's Python time,
+    ``docs/architecture.md``, "Per-draw cost"), the product about 1 us.
+    """
     if factor.ndim == 1:
-        return vector / factor
-    return np.asarray(solve_triangular(factor, vector, lower=True, check_finite=False))
+        return 1.0 / factor
+    identity = np.eye(factor.shape[0])
+    return np.asarray(solve_triangular(factor, identity, lower=True, check_finite=False))
 
 
 def _cholesky_factor(n_params: int, proposal_cov: ArrayLike | None) -> np.ndarray:
