@@ -196,7 +196,8 @@ def test_nonfinite_prior_rejects_without_data():
     decision = sequential_mh_test(
         np.random.default_rng(0), _constant_rows(1.0), RowSampler(10), -np.inf, 0.05, 5
     )
-    assert decision == (False, 0, 0, False, True, -np.inf)
+    assert decision[:6] == (False, 0, 0, False, True, -np.inf)
+    assert np.isnan(decision.residual_kurtosis)
 
 
 def test_obvious_decisions_stop_at_first_batch():
@@ -207,3 +208,31 @@ def test_obvious_decisions_stop_at_first_batch():
         )
         assert decision.accepted == accepted
         assert (decision.n_data, decision.n_batches, decision.full_data) == (100, 1, False)
+
+
+@given(
+    n_rows=st.integers(4, 400),
+    batch=st.integers(4, 60),
+    tolerance=st.sampled_from([0.5, 0.05, 0.001]),
+    seed=st.integers(0, 2**32 - 1),
+)
+@settings(max_examples=60, deadline=None)
+def test_residual_kurtosis_is_the_first_batchs_excess_kurtosis(n_rows, batch, tolerance, seed):
+    # The kernel computes it in scalar arithmetic from the first stage's centred squares; scipy's
+    # biased Fisher kurtosis of the same values is the reference (agreement to 1e-9 relative
+    # detects any wrong moment or normalisation). A heavy-tailed t(3) sample, so values vary.
+    from scipy.stats import kurtosis
+
+    data = np.random.default_rng(seed).standard_t(3, size=n_rows)
+    first_batch: list[np.ndarray] = []
+
+    def rows(idx):
+        if not first_batch:
+            first_batch.append(idx.copy())
+        return data[idx]
+
+    decision = sequential_mh_test(
+        np.random.default_rng(seed), rows, RowSampler(n_rows), 0.1, tolerance, batch
+    )
+    expected = kurtosis(data[first_batch[0]], fisher=True, bias=True)
+    assert decision.residual_kurtosis == pytest.approx(expected, rel=1e-9, abs=1e-9)

@@ -43,6 +43,15 @@ class AusterityDecision(NamedTuple):
     #: proposal ratio: the test accepts when it exceeds ``log u`` (eq. 2 multiplied through by
     #: N); -inf after a non-finite proposal.
     delta_star: float
+    #: Excess kurtosis of the first batch's ``l_i`` (with a control variate, its residuals);
+    #: NaN for the exact test, which assumes nothing of their distribution.
+    residual_kurtosis: float = math.nan
+
+
+def _log_uniform(rng: np.random.Generator) -> float:
+    # log u for u ~ U(0, 1), the same draw as rng.uniform(); u = 0 (probability 2^-53) is -inf.
+    u = rng.uniform()
+    return math.log(u) if u > 0.0 else -math.inf
 
 
 def _threshold(log_u: float, log_prior_proposal_ratio: float, n_rows: int) -> float:
@@ -92,8 +101,8 @@ def sequential_mh_test(
         ``n_batches`` is the stage at which the decision was made.
 
     """
-    log_u = float(np.log(rng.uniform()))
-    if not np.isfinite(log_prior_proposal_ratio):
+    log_u = _log_uniform(rng)
+    if not math.isfinite(log_prior_proposal_ratio):
         return AusterityDecision(False, 0, 0, False, True, -math.inf)
     n_rows = rows.n_rows
     threshold = temperature * _threshold(log_u, log_prior_proposal_ratio, n_rows)
@@ -111,7 +120,13 @@ def sequential_mh_test(
     else:
         accepted = outcome.mean > threshold
     return AusterityDecision(
-        bool(accepted), outcome.n_data, outcome.n_batches, outcome.full_data, False, delta_star
+        bool(accepted),
+        outcome.n_data,
+        outcome.n_batches,
+        outcome.full_data,
+        False,
+        delta_star,
+        outcome.first_stage_kurtosis,
     )
 
 
@@ -128,8 +143,8 @@ def exact_mh_test(
     early): the same decision, without drawing rows, so that the random stream is the one of
     plain MH.
     """
-    log_u = float(np.log(rng.uniform()))
-    if not np.isfinite(log_prior_proposal_ratio):
+    log_u = _log_uniform(rng)
+    if not math.isfinite(log_prior_proposal_ratio):
         return AusterityDecision(False, 0, 0, False, True, -math.inf)
     total = 0.0
     for start in range(0, n_rows, FULL_PASS_CHUNK):

@@ -46,6 +46,8 @@ class BarkerDecision(NamedTuple):
     clt_error: float
     nonfinite_proposal: bool
     delta_star: float
+    #: Excess kurtosis of the first batch's ``l_i`` (with a control variate, its residuals).
+    residual_kurtosis: float = math.nan
 
 
 def delta_variance(std_error: np.ndarray | float, n_rows: int, temperature: float) -> np.ndarray:
@@ -164,4 +166,5 @@ def minibatch_barker_test(
         clt_error,
         False,
         delta_star,
+        outcome.first_stage_kurtosis,
     )

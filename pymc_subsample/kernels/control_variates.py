@@ -21,7 +21,6 @@ shift by exactly the proxy part, and with all N rows the decision is still the e
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -30,7 +29,6 @@ from scipy.stats import chi2
 
 __all__ = [
     "TaylorProxy",
-    "excess_kurtosis",
     "laplace_covariance",
     "mahalanobis_limit",
 ]
@@ -111,29 +109,6 @@ def laplace_covariance(
     values = np.where(not_positive, np.maximum(np.abs(values), 1e-6 * largest), values)
     covariance = (vectors / values) @ vectors.T
     return covariance, (vectors * values) @ vectors.T, int(np.count_nonzero(not_positive))
-
-
-def excess_kurtosis(values: np.ndarray) -> float:
-    """Sample excess kurtosis ``m4 / m2^2 - 3`` (0 for a Gaussian; NaN if constant or < 4 values).
-
-    Not ``scipy.stats.kurtosis``: this runs at every step, where scipy's call costs about as
-    much as the step's residuals, and exactly constant residuals (second-order proxies of a
-    Gaussian likelihood) are normal here, where scipy warns about precision loss.
-
-    Examples
-    --------
-    >>> round(excess_kurtosis(np.array([-1.0, 1.0, -1.0, 1.0])), 6)
-    -2.0
-    """
-    n = values.size
-    if n < 4:
-        return float("nan")
-    centred = values - values.sum() / n
-    squares = centred * centred
-    m2 = float(squares.sum()) / n  # sums and a dot product: a third of np.mean's cost here
-    if not math.isfinite(m2) or m2 <= 0.0:
-        return float("nan")
-    return float(squares @ squares) / n / m2**2 - 3.0
 
 
 def mahalanobis_limit(n_params: int, tail_probability: float = 1e-6) -> float:

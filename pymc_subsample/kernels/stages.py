@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from functools import partial
 from typing import NamedTuple
 
 import numpy as np
@@ -55,6 +56,9 @@ class StageOutcome(NamedTuple):
     full_data: bool
     nonfinite: bool
     chunks: tuple[np.ndarray, ...]
+    #: Excess kurtosis of the first stage's values (NaN below 4 values, or when constant or
+    #: not finite): the residual diagnostic of a control variate (``residual_kurtosis``).
+    first_stage_kurtosis: float = math.nan
 
 
 class _Sums(NamedTuple):
@@ -152,28 +156,58 @@ def run_stages(
     """
     n_rows = rows.n_rows
     rows.start_test()
-    chunks: list[np.ndarray] = []
-    sums: _Sums | None = None
-    n_stages, stages_per_call = 0, 1
+    values = log_ratio_rows(rows.draw(rng, batch_size))
+    chunks = [values]
+    total = float(values.sum())
+    if not math.isfinite(total):
+        return _nonfinite_outcome(1, rows.n_taken, chunks)
+    if values.size < 2:  # N = 1: no variance to estimate; the staged path decides on it
+        return _later_stages(rng, log_ratio_rows, rows, batch_size, threshold, stop, chunks)
+    first = _first_stage(values, total, n_rows, threshold)
+    if values.size == n_rows or stop(first.stats, partial(evaluated_prefix, (values,)))[0]:
+        return StageOutcome(
+            mean=first.mean,
+            std_error=first.std_error,
+            test_error=first.test_error,
+            n_used=values.size,
+            n_batches=1,
+            n_data=rows.n_taken,
+            full_data=values.size == n_rows,
+            nonfinite=False,
+            chunks=(values,),
+            first_stage_kurtosis=first.kurtosis,
+        )
+    return _later_stages(
+        rng, log_ratio_rows, rows, batch_size, threshold, stop, chunks, first.sums, first.kurtosis
+    )
+
+
+def _later_stages(
+    rng: np.random.Generator,
+    log_ratio_rows: LogRatioRows,
+    rows: RowSampler,
+    batch_size: int,
+    threshold: float,
+    stop: StopRule,
+    chunks: list[np.ndarray],
+    sums: _Sums | None = None,
+    first_stage_kurtosis: float = math.nan,
+) -> StageOutcome:
+    """Run the stages after the first (all of them when ``sums`` is None), in growing calls."""
+    n_rows = rows.n_rows
+    n_stages = 0 if sums is None else 1
+    stages_per_call = 1 if sums is None else STAGE_GROWTH
+    values = chunks[-1]
 
     def prefix(n_values: int) -> np.ndarray:
         return evaluated_prefix(tuple(chunks), n_values)
 
     while True:
-        values = log_ratio_rows(rows.draw(rng, stages_per_call * batch_size))
-        chunks.append(values)
-        if not math.isfinite(float(values.sum())):
-            return StageOutcome(
-                math.nan,
-                math.nan,
-                math.nan,
-                0,
-                n_stages + 1,
-                rows.n_taken,
-                False,
-                True,
-                tuple(chunks),
-            )
+        if n_stages:
+            values = log_ratio_rows(rows.draw(rng, stages_per_call * batch_size))
+            chunks.append(values)
+            if not math.isfinite(float(values.sum())):
+                return _nonfinite_outcome(n_stages + 1, rows.n_taken, chunks)
         if sums is None:
             first_stage = values[:batch_size]
             sums = _Sums(0, float(first_stage.sum()) / first_stage.size, 0.0, 0.0)
@@ -194,9 +228,74 @@ def run_stages(
                 full_data=n_used == n_rows,
                 nonfinite=False,
                 chunks=tuple(chunks),
+                first_stage_kurtosis=first_stage_kurtosis,
             )
         n_stages += stats.n_values.size
         stages_per_call *= STAGE_GROWTH
+
+
+def _nonfinite_outcome(n_batches: int, n_data: int, chunks: list[np.ndarray]) -> StageOutcome:
+    nan = math.nan
+    return StageOutcome(nan, nan, nan, 0, n_batches, n_data, False, True, tuple(chunks))
+
+
+class _FirstStage(NamedTuple):
+    stats: StageStatistics
+    mean: float
+    std_error: float
+    test_error: float
+    kurtosis: float
+    sums: _Sums
+
+
+def _first_stage(values: np.ndarray, total: float, n_rows: int, threshold: float) -> _FirstStage:
+    """Compute the first stage's statistics and its values' excess kurtosis in scalar arithmetic.
+
+    Most draws of a control-variate step decide on their first stage, where NumPy calls on
+    length-1 arrays would cost several times the arithmetic (``docs/architecture.md``,
+    "Per-draw cost"). The formulas are those of :func:`stage_statistics` (Korattikara et al.
+    2014, eqs. 4, 5), shifted by the stage's own mean, whose centred squares also give the
+    excess kurtosis ``n sum d^4 / (sum d^2)^2 - 3`` (0 for a Gaussian; NaN below 4 values or for
+    constant values, which second-order proxies of a Gaussian likelihood give exactly).
+    """
+    n_values = values.size
+    shift = total / n_values
+    deviations = values - shift
+    squares = deviations * deviations
+    shifted_total = float(deviations.sum())
+    total_sq = float(squares.sum())
+    kurtosis = math.nan
+    if n_values >= 4 and 0.0 < total_sq < math.inf:
+        kurtosis = n_values * float(squares @ squares) / (total_sq * total_sq) - 3.0
+    mean, std_error, test_error = _t_test(
+        n_values, shifted_total, total_sq, shift, n_rows, threshold
+    )
+    stage = np.array([n_values, mean, std_error, test_error])
+    stats = StageStatistics(stage[0:1], stage[1:2], stage[2:3], stage[3:4])
+    sums = _Sums(n_values, shift, shifted_total, total_sq)
+    return _FirstStage(stats, mean, std_error, test_error, kurtosis, sums)
+
+
+def _t_test(
+    n_values: int,
+    shifted_total: float,
+    total_sq: float,
+    shift: float,
+    n_rows: int,
+    threshold: float,
+) -> tuple[float, float, float]:
+    """Mean, standard error (eq. 4) and test error (eq. 5) of one stage, as in stage_statistics."""
+    shifted_mean = shifted_total / n_values
+    mean = shift + shifted_mean
+    sample_var = max(total_sq - shifted_total * shifted_mean, 0.0) / (n_values - 1)
+    finite_population = 1.0 - (n_values - 1) / (n_rows - 1) if n_rows > 1 else math.nan
+    std_error = math.sqrt(sample_var * finite_population / n_values)
+    gap = abs(mean - threshold)
+    if std_error > 0.0:
+        t_statistic = gap / std_error
+    else:
+        t_statistic = math.inf if gap > 0.0 else math.nan
+    return mean, std_error, float(stdtr(n_values - 1, -t_statistic))
 
 
 def evaluated_prefix(chunks: tuple[np.ndarray, ...], n_values: int) -> np.ndarray:
@@ -228,29 +327,12 @@ def _chunk_stages(
 def _one_stage(
     values: np.ndarray, sums: _Sums, n_rows: int, threshold: float
 ) -> tuple[StageStatistics, _Sums]:
-    """:func:`stage_statistics` of a call holding one stage, in scalar arithmetic.
-
-    Most draws of a control-variate step decide on their first stage; on length-1 arrays the
-    vectorised path costs several times the arithmetic (issue "A composable sampling core",
-    item 3). The formulas are those of :func:`stage_statistics` (eqs. 4, 5 of Korattikara et al.
-    2014), including its conventions for a zero standard error.
-    """
+    """:func:`stage_statistics` of a call holding one stage, in scalar arithmetic (eqs. 4, 5)."""
     deviations = values - sums.shift
     total = sums.total + float(deviations.sum())
     total_sq = sums.total_sq + float(deviations @ deviations)
     n_values = sums.n_values + values.size
-    shifted_mean = total / n_values
-    mean = sums.shift + shifted_mean
-    sample_var = max(total_sq - total * shifted_mean, 0.0) / (n_values - 1)
-    finite_population = 1.0 - (n_values - 1) / (n_rows - 1) if n_rows > 1 else math.nan
-    std_error = math.sqrt(sample_var * finite_population / n_values)
-    gap = abs(mean - threshold)
-    if std_error > 0.0:
-        t_statistic = gap / std_error
-    else:
-        t_statistic = math.inf if gap > 0.0 else math.nan
-    test_error = float(stdtr(n_values - 1, -t_statistic))
-    stats = StageStatistics(
-        np.array([n_values]), np.array([mean]), np.array([std_error]), np.array([test_error])
-    )
+    mean, std_error, test_error = _t_test(n_values, total, total_sq, sums.shift, n_rows, threshold)
+    stage = np.array([n_values, mean, std_error, test_error])
+    stats = StageStatistics(stage[0:1], stage[1:2], stage[2:3], stage[3:4])
     return stats, _Sums(n_values, sums.shift, total, total_sq)

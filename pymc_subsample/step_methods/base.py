@@ -90,6 +90,10 @@ class TestDecision(Protocol):
     def delta_star(self) -> float:
         """The estimate of the log acceptance ratio the decision was made on."""
 
+    @property
+    def full_data(self) -> bool:
+        """Whether the test read every row (then it was exact)."""
+
     def _asdict(self) -> dict[str, Any]: ...
 
 
@@ -490,15 +494,15 @@ class SubsampleMetropolisBase(SubsampleStepBase):
         scaling = self.scaling  # the scale this draw uses (HMC tuning updates it per draw)
         q_new, log_proposal_ratio = self._propose(q_old)
         log_prior_proposal_ratio = self.oracles.log_prior_ratio(q_new, q_old) + log_proposal_ratio
-        kurtosis: list[float] = []
         log_ratio_rows: Callable[[np.ndarray], np.ndarray]
-        if self.control is None:
+        control = self.control
+        if control is None:
             log_ratio_rows = partial(self.oracles.loglik_ratio_rows, q_new, q_old)
         else:
             # Difference estimator: the test sees the residuals l_i - r_i and its threshold
             # moves by the proxies' exact sum R / T (kernels/control_variates.py).
-            log_ratio_rows = self.control.residual_rows(q_new, q_old, kurtosis)
-            log_prior_proposal_ratio += self.control.log_threshold_shift(q_new, q_old)
+            log_ratio_rows = control.residual_rows(q_new, q_old)
+            log_prior_proposal_ratio += control.log_threshold_shift(q_new, q_old)
         decision = self._decide(log_ratio_rows, log_prior_proposal_ratio)
         if self.tune and isinstance(self.proposal, HamiltonianProposal):
             self._adapt_trajectory(
@@ -507,26 +511,27 @@ class SubsampleMetropolisBase(SubsampleStepBase):
         self.steps_until_tune -= 1
         self.accepted_since_tune += int(decision.accepted)
         q = q_new if decision.accepted else q_old
-        stats = {**decision._asdict(), **self._draw_stats(), "scaling": scaling}
+        stats = decision._asdict()
+        stats.update(self._draw_stats())
+        stats["scaling"] = scaling
         stats["accepted"] = float(decision.accepted)
         # PyMC's energy_error, H(q', p') - H(q, p): minus the estimated log acceptance ratio,
         # whose proposal part is the kinetic energies' difference (kernels/trajectory.py).
         stats["energy_error"] = -decision.delta_star if self.proposal_kind == "hmc" else math.nan
-        stats["n_data"] += self._pending_rows
-        self._pending_rows = 0
-        stats["residual_kurtosis"] = kurtosis[0] if kurtosis else float("nan")
-        stats["reference_distance"] = float("nan")
-        if self.control is not None:
-            distance_sq = self.control.distance_sq(q)
-            stats["reference_distance"] = float(np.sqrt(distance_sq))
+        if self._pending_rows:
+            stats["n_data"] += self._pending_rows
+            self._pending_rows = 0
+        if control is None:
+            stats["residual_kurtosis"] = stats["reference_distance"] = math.nan
+        else:
+            distance_sq = control.distance_sq(q)
+            stats["reference_distance"] = math.sqrt(distance_sq)
             if self.tune and self.recenter:
                 self._record_tuning_draw(q)
-            if not self.tune and distance_sq > self.control.limit and self._gaussian_posterior:
-                self.diagnostics.warn_far(distance_sq, self.control.limit)
+            if not self.tune and distance_sq > control.limit and self._gaussian_posterior:
+                self.diagnostics.warn_far(distance_sq, control.limit)
         if not self.tune:
-            self.diagnostics.record(
-                bool(stats["full_data"]), stats["residual_kurtosis"], int(stats["n_data"])
-            )
+            self.diagnostics.record(decision.full_data, stats["residual_kurtosis"], stats["n_data"])
         return RaveledVars(q, q0.point_map_info), [stats]
 
     def _chain_start(self, q: np.ndarray) -> np.ndarray:
