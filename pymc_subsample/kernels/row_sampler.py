@@ -7,9 +7,11 @@ test's starting stamp, so starting a test costs O(1) and nothing is ever cleared
 
 While fewer than half the rows are taken, a batch is drawn by uniform proposals with rejection
 of taken rows and of repeats (each accepted row is uniform over the rows not yet taken, so the
-batch is a uniform sample without replacement). Once a test needs more than half the rows its
-cost is already O(N), and the remaining rows are listed and shuffled once (O(N), amortised by
-the O(N) rows the test evaluates anyway).
+batch is a uniform sample without replacement). A test's first batch, which is all that most
+control-variate draws read, is stamped only if the test asks for more rows: when its proposals
+hold no repeat (checked on a sorted copy) it is returned as drawn. Once a test needs more than
+half the rows its cost is already O(N), and the remaining rows are listed and shuffled once
+(O(N), amortised by the O(N) rows the test evaluates anyway).
 """
 
 from __future__ import annotations
@@ -47,6 +49,8 @@ class RowSampler:
         self._test_start = 0
         self._n_taken = 0
         self._remaining: np.ndarray | None = None
+        #: The test's first batch, returned before its rows were stamped (see start_test).
+        self._unstamped: np.ndarray | None = None
 
     @property
     def n_taken(self) -> int:
@@ -58,6 +62,7 @@ class RowSampler:
         self._test_start = self._next_stamp
         self._n_taken = 0
         self._remaining = None
+        self._unstamped = None
 
     def draw(self, rng: np.random.Generator, size: int) -> np.ndarray:
         """Draw up to ``size`` rows not yet drawn in this test (fewer once rows run out).
@@ -76,6 +81,18 @@ class RowSampler:
 
         """
         size = min(int(size), self.n_rows - self._n_taken)
+        if self._n_taken == 0 and 2 * size <= self.n_rows:
+            candidates = rng.integers(0, self.n_rows, size=size)
+            if _distinct(candidates):
+                self._unstamped = candidates
+                self._n_taken = size
+                return candidates
+            rows = self._draw_sparse(rng, size, candidates)
+            self._n_taken += rows.size
+            return rows
+        if self._unstamped is not None:
+            self._stamp(self._unstamped)
+            self._unstamped = None
         if self._remaining is None and 2 * (self._n_taken + size) > self.n_rows:
             self._remaining = self._shuffled_untaken(rng)
         if self._remaining is not None:
@@ -86,23 +103,42 @@ class RowSampler:
         self._n_taken += rows.size
         return rows
 
-    def _draw_sparse(self, rng: np.random.Generator, size: int) -> np.ndarray:
+    def _draw_sparse(
+        self, rng: np.random.Generator, size: int, first: np.ndarray | None = None
+    ) -> np.ndarray:
+        # ``first``: the test's first proposals, already drawn (they hold a repeat).
         batches: list[np.ndarray] = []
         needed = size
         while needed > 0:
-            candidates = rng.integers(0, self.n_rows, size=needed)
+            if first is not None:
+                candidates, first = first, None
+            else:
+                candidates = rng.integers(0, self.n_rows, size=needed)
             if self._n_taken > 0 or batches:
                 candidates = candidates[self._stamps[candidates] < self._test_start]
-            stamps = self._next_stamp + np.arange(candidates.size)
-            self._stamps[candidates] = stamps
-            # Where a row was proposed twice, only its last stamp survives: keep that copy.
-            candidates = candidates[self._stamps[candidates] == stamps]
-            self._next_stamp += stamps.size
+            candidates = self._stamp(candidates)
             batches.append(candidates)
             needed -= candidates.size
         return batches[0] if len(batches) == 1 else np.concatenate(batches)
 
+    def _stamp(self, candidates: np.ndarray) -> np.ndarray:
+        """Mark rows taken in this test; return them without repeats (the last copy of each)."""
+        stamps = self._next_stamp + np.arange(candidates.size)
+        self._stamps[candidates] = stamps
+        self._next_stamp += stamps.size
+        # Where a row was proposed twice, only its last stamp survives: keep that copy.
+        return candidates[self._stamps[candidates] == stamps]
+
     def _shuffled_untaken(self, rng: np.random.Generator) -> np.ndarray:
+        if self._unstamped is not None:
+            self._stamp(self._unstamped)
+            self._unstamped = None
         untaken = np.flatnonzero(self._stamps < self._test_start)
         rng.shuffle(untaken)
         return untaken
+
+
+def _distinct(rows: np.ndarray) -> bool:
+    """Whether no row repeats (a sort of a batch-sized copy: O(b log b), no O(N) work)."""
+    ordered = np.sort(rows)
+    return not bool((ordered[1:] == ordered[:-1]).any())
