@@ -9,6 +9,7 @@ Use a step with ``pm.sample``::
         idata = pm.sample(step=pms.AusterityMH(error_tolerance=0.01, batch_size=500))
 """
 
+from pymc_subsample.kernels.user_proposal import ProposalFunction
 from pymc_subsample.plots import plot_data_usage
 from pymc_subsample.reference import ReferencePoint, find_reference_point
 from pymc_subsample.step_methods import SGFS, AusterityMH, MinibatchBarkerMH, PolynomialStepSize
@@ -21,6 +22,7 @@ __all__ = [
     "AusterityMH",
     "MinibatchBarkerMH",
     "PolynomialStepSize",
+    "ProposalFunction",
     "ReferencePoint",
     "SubsampleWarning",
     "__version__",

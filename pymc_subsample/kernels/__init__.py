@@ -24,6 +24,7 @@ from pymc_subsample.kernels.stages import (
     stage_statistics,
 )
 from pymc_subsample.kernels.trajectory import HamiltonianProposal, leapfrog
+from pymc_subsample.kernels.user_proposal import ProposalFunction, UserProposal
 
 __all__ = [
     "AusterityDecision",
@@ -31,10 +32,12 @@ __all__ = [
     "HamiltonianProposal",
     "IndependentProposal",
     "LangevinProposal",
+    "ProposalFunction",
     "RandomWalkProposal",
     "RowSampler",
     "StageOutcome",
     "StageStatistics",
+    "UserProposal",
     "build_correction",
     "correction_distribution",
     "exact_mh_test",

@@ -16,6 +16,7 @@ from pymc_subsample.kernels.austerity import (
     exact_mh_test,
     sequential_mh_test,
 )
+from pymc_subsample.kernels.user_proposal import ProposalFunction
 from pymc_subsample.step_methods.base import SubsampleMetropolisBase
 from pymc_subsample.step_methods.defaults import AUTO
 
@@ -54,7 +55,7 @@ class AusterityMH(SubsampleMetropolisBase):
     temperature : float, default 1
         The likelihood is raised to ``1 / temperature`` (the target changes: a tempered
         posterior); recorded in every draw's ``temperature`` stat.
-    proposal : {"auto", "random_walk", "langevin", "independent", "hmc"}, default "auto"
+    proposal : {"auto", "random_walk", "langevin", "independent", "hmc"} or callable, default "auto"
         ``"independent"``: ``q' ~ N(q*, Sigma)``, the Laplace approximation at the control
         variate's reference point (``proposal_cov`` if given), whatever ``q`` (the independence
         sampler; needs a control variate; ``scaling`` unused). ``"hmc"``: a leapfrog
@@ -79,11 +80,19 @@ class AusterityMH(SubsampleMetropolisBase):
         the summed per-row scores of ``batch_size`` rows drawn with replacement. The same rows
         give the gradient at ``q'`` for the proposal ratio, which enters the test's threshold
         (eq. 22), so the chain still targets the posterior. Costs ``2 * batch_size`` per-row
-        gradients per step (stat ``n_grad_rows``) on top of the test's rows.
+        gradients per step (stat ``n_grad_rows``) on top of the test's rows. A function
+        ``proposal(rng, q, scaling) -> (q_new, log_proposal_ratio)``: your own proposal
+        (a random walk on a manifold, as in section 6.2 of the paper; ``docs/austerity.md``,
+        "Your own proposal"), with ``q`` the step's unconstrained values raveled in the order of
+        ``vars`` (a copy: writing into it is harmless) and the ratio
+        ``log q(q | q_new) - log q(q_new | q)`` (0 if symmetric; NaN rejects). It is called
+        once when the step is built, at the model's initial point, to check its output; the
+        chain starts where ``pm.sample`` starts it (not at a Laplace draw), and ``scaling``
+        (default 1) is tuned like the random walk's.
     scaling : float, optional
         Initial proposal scale; default ``2.38 / sqrt(d)`` for the random walk,
         ``1.65 / d**(1/6)`` for Langevin (optimal for proposals on the posterior scale) and
-        ``d**(-1/4)`` for the HMC step size. Adapted during tuning; pass
+        ``d**(-1/4)`` for the HMC step size, 1 for a proposal function. Adapted during tuning; pass
         ``pm.sample(tune=0)`` to keep it fixed.
     proposal_cov : array_like, optional
         Proposal covariance: a vector of variances or a (d, d) SPD matrix. Default: the Laplace
@@ -222,7 +231,7 @@ class AusterityMH(SubsampleMetropolisBase):
         error_tolerance: float = DEFAULT_ERROR_TOLERANCE,
         batch_size: int | None = None,
         temperature: float = 1.0,
-        proposal: str = "auto",
+        proposal: str | ProposalFunction = "auto",
         scaling: float | None = None,
         proposal_cov: ArrayLike | None = None,
         tune_interval: int = 100,

@@ -13,6 +13,7 @@ from pytensor.tensor.variable import TensorVariable
 
 from pymc_subsample.kernels.barker import BarkerDecision, minibatch_barker_test
 from pymc_subsample.kernels.correction import correction_distribution
+from pymc_subsample.kernels.user_proposal import ProposalFunction
 from pymc_subsample.step_methods.base import SubsampleMetropolisBase, TestDecision
 from pymc_subsample.step_methods.defaults import AUTO
 
@@ -155,7 +156,7 @@ class MinibatchBarkerMH(SubsampleMetropolisBase):
         *,
         batch_size: int | None = None,
         temperature: float = 1.0,
-        proposal: str = "auto",
+        proposal: str | ProposalFunction = "auto",
         error_bound: float | None = None,
         scaling: float | None = None,
         proposal_cov: ArrayLike | None = None,

@@ -40,6 +40,7 @@ from pymc_subsample.kernels.trajectory import (
     jittered_steps,
     start_dual_averaging,
 )
+from pymc_subsample.kernels.user_proposal import ProposalFunction, UserProposal
 from pymc_subsample.model.oracles import ModelOracles, build_oracles
 from pymc_subsample.reference import automatic_reference, funnel_explanation
 from pymc_subsample.step_methods.control import (
@@ -72,11 +73,15 @@ __all__ = ["PROPOSALS", "SubsampleMHState", "SubsampleMetropolisBase", "Subsampl
 
 #: Proposal kinds of the Metropolis-Hastings steps.
 PROPOSALS = ("auto", "random_walk", "langevin", "independent", "hmc")
+#: ``proposal_kind`` of a step given a proposal function (``kernels/user_proposal.py``).
+USER_PROPOSAL = "user"
 #: Draws after which the HMC proposal's diagonal mass is re-estimated during tuning, without a
 #: Laplace covariance (Stan's windows: a 75-draw buffer, then windows of 25, 50, 100, ...).
 MASS_WINDOW_ENDS = (100, 150, 250, 450, 850, 1650, 3250, 6450)
 
-Proposal = RandomWalkProposal | LangevinProposal | IndependentProposal | HamiltonianProposal
+Proposal = (
+    RandomWalkProposal | LangevinProposal | IndependentProposal | HamiltonianProposal | UserProposal
+)
 
 
 class TestDecision(Protocol):
@@ -243,7 +248,7 @@ class SubsampleMetropolisBase(SubsampleStepBase):
         *,
         batch_size: int | None,
         temperature: float,
-        proposal: str,
+        proposal: str | ProposalFunction,
         scaling: float | None,
         proposal_cov: ArrayLike | None,
         tune_interval: int,
@@ -258,7 +263,7 @@ class SubsampleMetropolisBase(SubsampleStepBase):
     ) -> None:
         self.temperature = _check_temperature(temperature)
         self.tune_interval = _check_int("tune_interval", tune_interval, minimum=1)
-        requested_proposal = _check_choice("proposal", proposal, PROPOSALS)
+        requested_proposal = _check_proposal(proposal, proposal_cov)
         self.langevin = requested_proposal == "langevin"
         requested = _check_choice("control_variate", control_variate, (AUTO, *CONTROL_VARIATES))
         self.recenter = _check_choice("recenter", recenter, (None, "tune"))
@@ -298,11 +303,14 @@ class SubsampleMetropolisBase(SubsampleStepBase):
             self.control = self._make_control_variate(reference_point)
             if self.control is None:
                 self.control_variate = None
-            elif proposal_cov is None:
+            elif proposal_cov is None and requested_proposal != USER_PROPOSAL:
                 proposal_cov = self.control.covariance
                 self._laplace_proposal = True
-        #: "random_walk", "langevin", "independent" or "hmc": the proposal in use.
+        #: "random_walk", "langevin", "independent", "hmc" or "user": the proposal in use.
         self.proposal_kind = self._resolve_proposal(requested_proposal, proposal_cov)
+        self._user_proposal = (
+            None if isinstance(proposal, str) else UserProposal(proposal, n_params)
+        )
         if batch_size is None:
             default = (
                 self._uncontrolled_batch_size if self.control is None else CONTROLLED_BATCH_SIZE
@@ -320,6 +328,9 @@ class SubsampleMetropolisBase(SubsampleStepBase):
         #: Set at each chain's start (reset_tuning): move a far first point near the reference.
         self._start_near_reference = False
         self._initial_scaling = _check_scaling(scaling, n_params, kind=self.proposal_kind)
+        if self._user_proposal is not None:
+            initial = reference_vector(self._initial_point, self.vars, self._initial_point)
+            self._user_proposal.check(np.random.default_rng(0), initial, self._initial_scaling)
         self._step_size_adaptation = start_dual_averaging(self._initial_scaling)
         self._mass_moments = np.zeros((3, n_params))  # count, mean, sum of squared deviations
         self._trajectory_draws = 0  # tuning draws of an HMC proposal
@@ -346,9 +357,11 @@ class SubsampleMetropolisBase(SubsampleStepBase):
         Not where the automatic search measured the posterior far from its Laplace
         approximation (``laplace_spread`` above ``INDEPENDENT_SPREAD``): there the chain rightly
         goes beyond the limit, as on a skewed posterior. A reference point the user gave was
-        not measured (NaN): the warning stays.
+        not measured (NaN): the warning stays. Nor with a proposal function, which may keep the
+        chain on a set (a manifold) that the Laplace approximation in the unconstrained space
+        does not describe.
         """
-        return not self.laplace_spread > INDEPENDENT_SPREAD
+        return not self.laplace_spread > INDEPENDENT_SPREAD and self._user_proposal is None
 
     def _rebuild_for_data(self) -> None:
         # New data (pm.set_data): new N for the row sampler and the diagnostics, and new
@@ -475,6 +488,8 @@ class SubsampleMetropolisBase(SubsampleStepBase):
         return False
 
     def _make_proposal(self, proposal_cov: ArrayLike | None) -> Proposal:
+        if self._user_proposal is not None:
+            return self._user_proposal
         if self.proposal_kind == "independent" and self.control is not None:
             cov = self.control.covariance if proposal_cov is None else proposal_cov
             return IndependentProposal(self.control.proxy.reference, cov)
@@ -577,7 +592,7 @@ class SubsampleMetropolisBase(SubsampleStepBase):
         self._tune_blocks = []
 
     def _propose(self, q_old: np.ndarray) -> tuple[np.ndarray, float]:
-        if isinstance(self.proposal, RandomWalkProposal | IndependentProposal):
+        if isinstance(self.proposal, RandomWalkProposal | IndependentProposal | UserProposal):
             return self.proposal(self.rng, q_old, self.scaling)
         if isinstance(self.proposal, HamiltonianProposal):
             n_steps = jittered_steps(self.rng, self.scaling, TRAJECTORY_TIME, TRAJECTORY_MAX_STEPS)
@@ -739,7 +754,8 @@ class SubsampleMetropolisBase(SubsampleStepBase):
         self._tune_blocks = []
         self._tune_steps = 0
         self._pending_rows = 0
-        self._start_near_reference = self.control is not None
+        # Not for a user's proposal, which may keep the chain on a set a Laplace draw leaves.
+        self._start_near_reference = self.control is not None and self._user_proposal is None
         self.diagnostics.reset(self._chain_draws)
 
 
@@ -747,6 +763,23 @@ def _check_int(name: str, value: Any, *, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < minimum:
         raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}.")
     return int(value)
+
+
+def _check_proposal(proposal: Any, proposal_cov: ArrayLike | None) -> str:
+    """Return the requested proposal's name, ``USER_PROPOSAL`` for a function."""
+    if isinstance(proposal, str) or not callable(proposal):
+        if not isinstance(proposal, str):
+            raise TypeError(
+                f"proposal must be one of {PROPOSALS} or a function (rng, q, scaling) -> "
+                f"(q_new, log_proposal_ratio), got {proposal!r}."
+            )
+        return str(_check_choice("proposal", proposal, PROPOSALS))
+    if proposal_cov is not None:
+        raise ValueError(
+            "proposal_cov shapes the package's own proposals; a proposal function draws with "
+            "its own spread: leave proposal_cov out (the function gets the tuned `scaling`)."
+        )
+    return USER_PROPOSAL
 
 
 def _check_choice(name: str, value: Any, options: tuple[Any, ...]) -> Any:
@@ -767,6 +800,8 @@ def _check_temperature(temperature: float) -> float:
 
 def _check_scaling(scaling: float | None, n_params: int, *, kind: str) -> float:
     if scaling is None:
+        if kind == USER_PROPOSAL:
+            return 1.0  # the proposal function's own spread, as written
         if kind == "hmc":
             # The leapfrog step in whitened coordinates; HMC's optimal step shrinks as d^(-1/4)
             # (Beskos et al. 2013), and tuning adapts it by dual averaging.
