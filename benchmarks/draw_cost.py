@@ -1,0 +1,210 @@
+"""What one draw costs inside ``pm.sample``, against PyMC's own loop and a hand-written Numba loop.
+
+Issue "A composable sampling core and a fused per-draw kernel": logistic regression with d = 10
+coefficients (``common.logistic_data``), the MH steps with the second-order control variate,
+batch 100 (the defaults), at N = 1e4 ... 1e7, all in one process per N and side by side:
+
+- ``pymc_loop``: a step that does nothing but return the Austerity step's stats, through the
+  same ``pm.sample`` call: the floor of a draw that any PyMC step method pays (the sampling loop,
+  the trace's recording of 16 stats, the point's ravel and unravel);
+- ``AusterityMH`` and ``MinibatchBarkerMH`` with ``proposal="random_walk"`` (the Laplace
+  covariance) and ``proposal="independent"`` (the default on this model): microseconds per
+  draw of ``pm.sample(tune=200, draws=5000)``, the wall of the whole call over its draws, and
+  the rows each draw read (stat ``n_data``);
+- ``numba_loop``: the same arithmetic written by hand in one Numba function (random-walk
+  proposal with the Laplace factor, Gaussian prior ratio, 100 rows drawn, their second-order
+  residuals from the reference's per-row terms, the batch's mean and standard error, the t
+  statistic against a precomputed critical value, the accept), over 20,000 draws: the floor of
+  the arithmetic itself, with no Python in the loop.
+
+Reports microseconds per draw, ratios to the Numba loop and to the PyMC loop, and the peak
+resident memory of the process over the data's size. Writes ``results/draw_cost.json``.
+
+    python benchmarks/draw_cost.py [--rows 10000 100000 1000000 10000000]
+
+Each N runs in its own child process (fresh memory), one after the other.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import time
+from typing import Any, ClassVar
+
+import numpy as np
+import pymc as pm
+from common import logistic_data, logistic_model, write_json
+from pymc.step_methods.arraystep import ArrayStepShared
+
+import pymc_subsample as pms
+
+STEPS = {
+    "austerity_random_walk": (pms.AusterityMH, "random_walk"),
+    "austerity_independent": (pms.AusterityMH, "independent"),
+    "barker_random_walk": (pms.MinibatchBarkerMH, "random_walk"),
+    "barker_independent": (pms.MinibatchBarkerMH, "independent"),
+}
+TUNE, DRAWS = 200, 5_000
+
+
+class StatsOnly(ArrayStepShared):
+    """A step that stays where it is and reports the Austerity step's stats (PyMC's floor)."""
+
+    name = "stats_only"
+    stats_dtypes_shapes: ClassVar[dict[str, Any]] = {
+        name: spec
+        for name, spec in pms.AusterityMH.stats_dtypes_shapes.items()
+        if name != "warning"
+    }
+
+    def __init__(self, vars: list[Any]) -> None:
+        super().__init__(vars, {}, blocked=True)
+        self._stats = [{name: 0 for name in self.stats_dtypes_shapes}]
+
+    def astep(self, q0: Any) -> tuple[Any, list[dict[str, Any]]]:
+        return q0, self._stats
+
+
+def per_draw(step: Any, model: pm.Model) -> tuple[float, Any]:
+    """Microseconds per draw of one ``pm.sample`` call with this step (after a warm-up call)."""
+    kwargs = {"chains": 1, "progressbar": False, "compute_convergence_checks": False}
+    with model:
+        pm.sample(step=step, tune=50, draws=50, random_seed=0, **kwargs)
+        start = time.perf_counter()
+        idata = pm.sample(step=step, tune=TUNE, draws=DRAWS, random_seed=1, **kwargs)
+    return (time.perf_counter() - start) / (TUNE + DRAWS) * 1e6, idata
+
+
+def numba_loop(
+    X: np.ndarray, y: np.ndarray, reference: np.ndarray, factor: np.ndarray, scaling: float
+) -> float:
+    """Microseconds per draw of the hand-written Numba loop (see the module docstring)."""
+    import numba
+    from scipy.stats import t as student_t
+
+    @numba.njit(cache=False)
+    def run(X, y, q_ref, L, scaling, n_draws, batch, critical, seed):  # type: ignore[no-untyped-def]
+        # Numba's per-thread legacy generator: the cheapest draws a hand-written loop can make.
+        np.random.seed(seed)  # noqa: NPY002
+        n_rows, d = X.shape
+        q = q_ref.copy()
+        accepted = 0
+        residuals = np.empty(batch)
+        for _ in range(n_draws):
+            z = np.random.standard_normal(d)  # noqa: NPY002
+            q_new = q + scaling * (L @ z)
+            log_prior = -0.125 * (q_new @ q_new - q @ q)  # N(0, 2^2)
+            a = q_new - q
+            b = q_new + q - 2.0 * q_ref
+            u = np.log(np.random.random())  # noqa: NPY002
+            for k in range(batch):
+                i = np.random.randint(0, n_rows)  # noqa: NPY002
+                eta_new = 0.0
+                eta_old = 0.0
+                eta_ref = 0.0
+                xa = 0.0
+                xb = 0.0
+                for j in range(d):
+                    x = X[i, j]
+                    eta_new += x * q_new[j]
+                    eta_old += x * q[j]
+                    eta_ref += x * q_ref[j]
+                    xa += x * a[j]
+                    xb += x * b[j]
+                loglik_new = y[i] * eta_new - np.log1p(np.exp(eta_new))
+                loglik_old = y[i] * eta_old - np.log1p(np.exp(eta_old))
+                p = 1.0 / (1.0 + np.exp(-eta_ref))
+                proxy = (y[i] - p) * xa - 0.5 * p * (1.0 - p) * xa * xb
+                residuals[k] = loglik_new - loglik_old - proxy
+            mean = residuals.mean()
+            sd = np.sqrt(((residuals - mean) ** 2).sum() / (batch - 1))
+            std_error = sd / np.sqrt(batch) * np.sqrt(1.0 - (batch - 1) / (n_rows - 1))
+            threshold = (u - log_prior) / n_rows
+            if abs(mean - threshold) / std_error > critical and mean > threshold:
+                q = q_new
+                accepted += 1
+        return accepted
+
+    critical = float(student_t.isf(0.001, 99))
+    run(X, y, reference, factor, scaling, 10, 100, critical, 0)  # compile
+    n_draws = 20_000
+    start = time.perf_counter()
+    run(X, y, reference, factor, scaling, n_draws, 100, critical, 1)
+    return (time.perf_counter() - start) / n_draws * 1e6
+
+
+def run_rows(n_rows: int) -> dict[str, Any]:
+    """Everything measured at one N, in this process."""
+    X, y = logistic_data(n_rows, 10)
+    model = logistic_model(X, y)
+    data_bytes = X.nbytes + y.nbytes
+    result: dict[str, Any] = {"rows": n_rows, "data_bytes": data_bytes}
+    with model:
+        floor, _ = per_draw(StatsOnly(model.value_vars), model)
+    result["pymc_loop_us"] = floor
+    laplace_factor = None
+    for name, (step_class, proposal) in STEPS.items():
+        with model:
+            step = step_class(proposal=proposal)
+        micros, idata = per_draw(step, model)
+        stats = idata.sample_stats
+        result[name] = {
+            "us_per_draw": micros,
+            "over_pymc_loop": micros / floor,
+            "mean_rows_per_draw": float(stats["n_data"].mean()),
+            "acceptance": float(stats["accepted"].mean()),
+        }
+        if proposal == "random_walk" and laplace_factor is None:
+            laplace_factor = (step.control.proxy.reference, step.proposal.chol_factor, step.scaling)
+    assert laplace_factor is not None
+    reference, factor, scaling = laplace_factor
+    result["numba_loop_us"] = numba_loop(X, y, reference, factor, scaling)
+    for name in STEPS:
+        result[name]["over_numba_loop"] = result[name]["us_per_draw"] / result["numba_loop_us"]
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    result["peak_rss_over_data"] = peak / data_bytes
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
+    parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(run_rows(args.child)))
+        return
+    runs = []
+    for n_rows in args.rows:
+        done = subprocess.run(
+            [sys.executable, __file__, "--child", str(n_rows)],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
+        print(json.dumps(runs[-1], indent=1))
+    flat = {
+        name: max(run[name]["us_per_draw"] for run in runs)
+        / min(run[name]["us_per_draw"] for run in runs)
+        for name in STEPS
+    }
+    write_json(
+        "draw_cost",
+        {
+            "features": 10,
+            "batch_size": 100,
+            "tune": TUNE,
+            "draws": DRAWS,
+            "runs": runs,
+            "max_over_min_us_per_draw_across_rows": flat,
+        },
+    )
+
+
+if __name__ == "__main__":
+    main()
