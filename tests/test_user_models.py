@@ -78,6 +78,24 @@ def test_compound_step_with_pymc_metropolis():
     assert abs(_draws(idata, "sigma").mean() - 1.0) < 0.15
 
 
+@pytest.mark.parametrize("step_class", [pms.AusterityMH, pms.MinibatchBarkerMH, pms.SGFS])
+def test_compound_step_with_pymc_nuts(step_class):
+    # Before: "Sampler statistic warning appears with different types" (our relayed-warnings
+    # stat declared as object, NUTS's as SamplerWarning), before the first draw.
+    X, y = linear_regression_data(1000, seed=23)
+    with pm.Model():
+        beta = pm.Normal("beta", 0, 10, shape=3)
+        sigma = pm.HalfNormal("sigma", 2.0)
+        pm.Normal("y", X @ beta, sigma, observed=y)
+        kwargs = {"batch_size": 200}
+        if step_class is not pms.SGFS:
+            kwargs["control_variate"] = None
+        steps = [step_class([beta], **kwargs), pm.NUTS([sigma])]
+        idata = pm.sample(100, tune=100, step=steps, random_seed=4, **SAMPLE)
+    assert "diverging" in idata.sample_stats and "n_data" in idata.sample_stats
+    assert np.isfinite(_draws(idata, "sigma")).all()
+
+
 def test_set_data_to_fewer_rows_uses_the_new_rows():
     # Before: IndexError (the step kept N = 2000 and drew rows beyond the new data).
     X, y = linear_regression_data(2000, seed=24)

@@ -19,13 +19,16 @@ import weakref
 from typing import Any
 
 from pymc.sampling.parallel import ParallelSampler
+from pymc.stats.convergence import SamplerWarning
 
 from pymc_subsample.warnings import divert_to_outbox, take_outbox, warn_user
 
 __all__ = ["WARNING_STAT", "RelayedWarnings", "relay_if_worker", "relayed_warnings"]
 
-#: The stat a step returns its relayed warnings in; PyMC's samplers use the same name.
-WARNING_STAT: dict[str, tuple[type, None]] = {"warning": (object, None)}
+#: The stat a step returns its relayed warnings in. PyMC's NUTS and HMC use the same name,
+#: and PyMC refuses a compound step whose steps declare one stat name with two types: so the
+#: type is theirs (an object column either way).
+WARNING_STAT: dict[str, tuple[type, None]] = {"warning": (SamplerWarning, None)}
 
 #: Topics already issued, per parallel sampling run (a ParallelSampler lives for one run).
 _issued: weakref.WeakKeyDictionary[ParallelSampler, set[str]] = weakref.WeakKeyDictionary()
