@@ -265,7 +265,8 @@ def _first_stage(values: np.ndarray, total: float, n_rows: int, threshold: float
     shifted_total = float(deviations.sum())
     total_sq = float(squares.sum())
     kurtosis = math.nan
-    if n_values >= 4 and 0.0 < total_sq < math.inf:
+    # Below 1e150 the fourth powers' sum cannot overflow (it is at most total_sq^2).
+    if n_values >= 4 and 0.0 < total_sq < 1e150:
         kurtosis = n_values * float(squares @ squares) / (total_sq * total_sq) - 3.0
     mean, std_error, test_error = _t_test(
         n_values, shifted_total, total_sq, shift, n_rows, threshold
