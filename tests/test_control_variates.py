@@ -405,3 +405,60 @@ def test_step_finds_its_own_reference_point():
     assert step.reference_rows >= x.size
     # The Laplace covariance is the exact posterior variance of this conjugate model.
     assert step.control.covariance[0, 0] == pytest.approx(1 / (x.size + 1 / 100))
+
+
+class _LogisticRows:
+    """Oracles of a 1-parameter logistic likelihood whose per-row proxy gradients can be broken.
+
+    ``gradient_error`` adds a per-row error with zero sum to the proxies' gradient terms, as
+    PyTensor's forward-mode terms had on ``pm.MvNormal`` with an ``LKJCholeskyCov`` factor.
+    """
+
+    n_rows, n_params, proxy_order = 200, 1, 2
+
+    def __init__(self, gradient_error: float) -> None:
+        rng = np.random.default_rng(0)
+        self.x = rng.normal(size=self.n_rows)
+        self.y = (rng.uniform(size=self.n_rows) < 0.5).astype(float)
+        noise = rng.normal(size=self.n_rows)
+        self.error = gradient_error * (noise - noise.mean())
+
+    def loglik_rows(self, q, rows):
+        eta = q[0] * self.x[rows]
+        return self.y[rows] * eta + log_expit(-eta)
+
+    def _derivatives(self, q, rows):
+        p = 1.0 / (1.0 + np.exp(-q[0] * self.x[rows]))
+        return (self.y[rows] - p) * self.x[rows], -p * (1 - p) * self.x[rows] ** 2
+
+    def gradient_hessian_sums(self, q):
+        g, h = self._derivatives(q, np.arange(self.n_rows))
+        return np.array([g.sum()]), np.array([[h.sum()]])
+
+    def residual_ratio_rows(self, q_new, q_old, reference, rows):
+        g, h = self._derivatives(reference, rows)
+        g = g + self.error[rows]
+        a, b = q_new[0] - q_old[0], q_new[0] + q_old[0] - 2 * reference[0]
+        change = self.loglik_rows(q_new, rows) - self.loglik_rows(q_old, rows)
+        return change - (g * a + 0.5 * h * a * b)
+
+    def log_prior_hessian(self, q):
+        return np.array([[-1.0]])
+
+    def freeze_shared(self):
+        pass
+
+    def frozen_values(self):
+        return []
+
+
+def test_wrong_per_row_taylor_terms_are_refused_when_the_control_variate_is_built():
+    # The check compares the residuals at 2 and 1 Laplace sds: a cubic remainder shrinks 8x,
+    # a per-row gradient error 2x. Deterministic: no sampling.
+    from pymc_subsample.step_methods.control import ControlVariate, ProxyTermsError
+
+    right = _LogisticRows(gradient_error=0.0)
+    reference = np.array([0.1])
+    ControlVariate(right, reference, 1.0)  # passes
+    with pytest.raises(ProxyTermsError, match="divided the residuals by 2"):
+        ControlVariate(_LogisticRows(gradient_error=0.05), reference, 1.0)

@@ -46,6 +46,7 @@ from pymc_subsample.reference import automatic_reference, funnel_explanation
 from pymc_subsample.step_methods.control import (
     CONTROL_VARIATES,
     ControlVariate,
+    ProxyTermsError,
     reference_vector,
 )
 from pymc_subsample.step_methods.defaults import (
@@ -438,7 +439,16 @@ class SubsampleMetropolisBase(SubsampleStepBase):
         else:
             reference = reference_vector(reference_point, self.vars, self._initial_point)
             row_sums = None  # the point may come from other data: one pass here
-        control = ControlVariate(self.oracles, reference, self.temperature, row_sums)
+        try:
+            control = ControlVariate(self.oracles, reference, self.temperature, row_sums)
+        except ProxyTermsError as error:
+            if self._automatic:
+                self._drop_default(str(error))
+                return None
+            raise ValueError(
+                f"control_variate={self.control_variate!r} cannot be used on this model: {error}. "
+                "Pass control_variate=None."
+            ) from error
         if control.n_clipped:
             warn_user(
                 f"The log posterior's Hessian at the reference point has {control.n_clipped} "
