@@ -41,7 +41,13 @@ from pymc_subsample.kernels.optimizer import (
     newton_curvature,
 )
 from pymc_subsample.kernels.row_sampler import RowSampler
-from pymc_subsample.model.oracles import ModelOracles, Rows, build_oracles, row_chunks
+from pymc_subsample.model.oracles import (
+    ModelOracles,
+    Rows,
+    SearchSums,
+    build_oracles,
+    row_chunks,
+)
 from pymc_subsample.warnings import warn_user
 
 __all__ = [
@@ -355,11 +361,11 @@ def optimise_reference(
     sampler = RowSampler(n_rows)
     q0 = np.array(q0, dtype="float64")
     q = q0.copy()
-    # The Hessian sums read the variables outside q at their frozen copies, the scores at their
-    # current values: make them the same.
+    # The search reads the variables outside q at their current values, the control variate's
+    # proxies (which take the search's last sums) at their frozen copies: make them the same.
     oracles.freeze_shared()
     counts = {"gradient": 0, "loglik": 0}
-    # The full-data log posterior at the last point a line search on all rows accepted.
+    # The full-data log posterior at the last point where it was computed on all rows.
     known: tuple[np.ndarray, float] | None = None
     batch_sizes: list[int] = []
     converged, decrement, last = False, float("inf"), None
@@ -382,12 +388,17 @@ def optimise_reference(
         size = n_rows if _all_rows_pay(max(size, n_used), n_rows) else max(size, n_used)
         decrement = test.newton_decrement_sq
         last = curvature if n_used == n_rows else None
+        if n_used == n_rows:
+            # The pass just read every row at q: its full-data log posterior comes with it.
+            at_q = oracles.log_prior(q) + sums.loglik
+            known = (q, at_q) if np.isfinite(at_q) else None
         if n_used == n_rows and decrement < tol:
             # Converged on all rows: the remaining step is below tol in squared posterior sds.
             # Stay at this point, where the rows' summed gradient and Hessian were just computed:
             # the control variate takes them instead of another full pass.
             converged = curvature.n_modified == 0
-            final_sums = sums
+            if sums.hessian is not None:
+                final_sums = (sums.gradient, sums.hessian)
             break
         if n_used == n_rows and decrement <= d and curvature.n_modified == 0:
             # Within about one posterior sd of a mode on all rows, where the curvature is
@@ -395,7 +406,7 @@ def optimise_reference(
             # check (and a check would cost a data pass).
             q = q + test.step
         else:
-            q, value = _line_search(oracles, q, test.step, rows, decrement, counts)
+            q, value = _line_search(oracles, q, test.step, rows, sums.loglik, decrement, counts)
             known = None if value is None else (q, value)
     if known is not None and np.array_equal(known[0], q):
         end_value = known[1]
@@ -572,11 +583,9 @@ def _not_gaussian(spread: float) -> str:
 
 def _log_posterior(oracles: ModelOracles, q: np.ndarray, counts: dict[str, int]) -> float:
     """Full-data log posterior, summed in chunks of rows; -inf where it is not finite."""
-    total = oracles.log_prior(q)
     # Far from the mode the row densities may overflow: that is a -inf (rejected) point here.
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-        for rows in row_chunks(oracles.n_rows, _CHUNK):
-            total += float(oracles.loglik_rows(q, rows).sum())
+        total = oracles.log_prior(q) + _loglik_sum(oracles, q, slice(0, oracles.n_rows))
     counts["loglik"] += oracles.n_rows
     return total if np.isfinite(total) else -np.inf
 
@@ -590,46 +599,40 @@ def _tested_update(
     z: float,
     method: str,
     counts: dict[str, int],
-) -> tuple[Rows, DirectionTest, Curvature, tuple[np.ndarray, np.ndarray] | None]:
+) -> tuple[Rows, DirectionTest, Curvature, SearchSums]:
     """Grow a minibatch (doubling) until the update passes the direction test; all rows at most.
 
     Returns the rows used (a slice when a test read every row at once), the test, the
-    curvature and, for ``method="newton"`` on all rows, the rows' summed gradient and Hessian
-    at ``q`` (else None).
+    curvature and the sums over the rows used at ``q`` (with the Hessian's for
+    ``method="newton"``): each row is read once, by one compiled call per chunk
+    (:meth:`ModelOracles.search_sums`).
     """
-    n_rows, d = oracles.n_rows, oracles.n_params
+    n_rows = oracles.n_rows
+    newton = method == "newton"
     sampler.start_test()
     prior_gradient = oracles.log_prior_grad(q)
     prior_hessian = oracles.log_prior_hessian(q)
     chunks: list[np.ndarray] = []
-    score_sum, outer_sum, hessian_sum = np.zeros(d), np.zeros((d, d)), np.zeros((d, d))
+    sums: SearchSums | None = None
     size = min(first, n_rows)
     while True:
-        pieces: list[Rows]
-        rows: np.ndarray | None = None  # None: every row
         if size == n_rows:
-            # Every row: read in place, range by range (no gather, no copy).
-            sampler.draw(rng, n_rows)
-            pieces = list(row_chunks(n_rows, _CHUNK))
+            # Every row: read in place, range by range (no draw, no gather, no copy).
+            batch = oracles.search_sums(q, slice(0, n_rows), with_hessian=newton, chunk_size=_CHUNK)
+            n_used = n_rows
         else:
             # Sorted, the rows are gathered from the data in memory order (4x faster at
-            # N = 1e6); in chunks, an (n, d) score matrix and the gathered data rows are
-            # O(chunk) memory.
+            # N = 1e6), chunk by chunk: O(chunk) memory for the gathered rows.
             rows = np.sort(sampler.draw(rng, size))
             chunks.append(rows)
-            pieces = [rows[begin : begin + _CHUNK] for begin in range(0, rows.size, _CHUNK)]
+            batch = oracles.search_sums(q, rows, with_hessian=newton, chunk_size=_CHUNK)
+            n_used = sampler.n_taken
         counts["gradient"] += size
-        for piece in pieces:
-            scores = oracles.score_rows(q, piece)
-            with np.errstate(over="ignore", invalid="ignore"):  # checked below
-                score_sum += scores.sum(0)
-                outer_sum += scores.T @ scores
-        if method == "newton":
-            hessian_sum += oracles.gradient_hessian_sums(q, rows)[1]
-        n_used = sampler.n_taken
+        sums = batch if sums is None else _added(sums, batch)
         scale = n_rows / n_used
-        matrix = scale * (-hessian_sum if method == "newton" else outer_sum) - prior_hessian
-        if not (np.all(np.isfinite(matrix)) and np.all(np.isfinite(score_sum))):
+        curvature_sum = -sums.hessian if sums.hessian is not None else sums.outer
+        matrix = scale * curvature_sum - prior_hessian
+        if not (np.all(np.isfinite(matrix)) and np.all(np.isfinite(sums.gradient))):
             raise FloatingPointError(
                 "the rows' summed "
                 + ("gradient" if np.all(np.isfinite(matrix)) else "Hessian")
@@ -638,20 +641,33 @@ def _tested_update(
                 "gradients only"
             )
         curvature = newton_curvature(matrix)
-        mean = score_sum / n_used
+        mean = sums.gradient / n_used
         with np.errstate(over="ignore", invalid="ignore"):  # huge scores far from the mode
-            covariance = (outer_sum - n_used * np.outer(mean, mean)) / max(n_used - 1, 1)
+            covariance = (sums.outer - n_used * np.outer(mean, mean)) / max(n_used - 1, 1)
             test = direction_test(
-                prior_gradient + scale * score_sum, curvature.precision, covariance, n_used, n_rows
+                prior_gradient + scale * sums.gradient,
+                curvature.precision,
+                covariance,
+                n_used,
+                n_rows,
             )
         if n_used == n_rows or test.passes(z):
-            full_sums = (
-                (score_sum, hessian_sum) if n_used == n_rows and method == "newton" else None
-            )
             used: Rows = slice(0, n_rows) if not chunks else np.concatenate(chunks)
-            return used, test, curvature, full_sums
+            return used, test, curvature, sums
         # Double the batch, or take all rows once they pay.
         size = n_rows - n_used if _all_rows_pay(n_used, n_rows) else n_used
+
+
+def _added(first: SearchSums, second: SearchSums) -> SearchSums:
+    hessian = None
+    if first.hessian is not None and second.hessian is not None:
+        hessian = first.hessian + second.hessian
+    return SearchSums(
+        first.loglik + second.loglik,
+        first.gradient + second.gradient,
+        first.outer + second.outer,
+        hessian,
+    )
 
 
 def _all_rows_pay(n_used: int, n_rows: int) -> bool:
@@ -669,40 +685,44 @@ def _line_search(
     q: np.ndarray,
     step: np.ndarray,
     rows: Rows,
+    loglik: float,
     decrement: float,
     counts: dict[str, int],
 ) -> tuple[np.ndarray, float | None]:
     """Backtrack from the full step until the minibatch objective rises enough (Armijo).
 
-    Returns the new point and, when ``rows`` are all the rows (a slice), the full-data log
-    posterior there (None otherwise).
+    ``loglik`` is the rows' summed log-likelihood at ``q`` (from the iteration's pass), so
+    each trial reads the rows once. Returns the new point and, when ``rows`` are all the rows
+    (a slice), the full-data log posterior there (None otherwise).
     """
     n_used = _row_count(rows, oracles.n_rows)
     scale = oracles.n_rows / n_used
-    pieces = list(row_chunks(oracles.n_rows, _CHUNK)) if isinstance(rows, slice) else [rows]
     alpha = 1.0
-    # Row-wise differences of loglik_rows (as precise as loglik_ratio_rows, unlike a difference
-    # of sums): a step with a control variate never calls loglik_ratio_rows, which is then not
-    # compiled at all (model/compiled.py).
-    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-        base = [oracles.loglik_rows(q, piece) for piece in pieces]
-    counts["loglik"] += n_used
     for _ in range(_MAX_HALVINGS):
         candidate = q + alpha * step
         counts["loglik"] += n_used
-        # A long trial step may overflow the row densities: a non-finite gain rejects it.
+        # A long trial step may overflow the row densities: a non-finite gain rejects it. The
+        # sums' rounding error (about 1e-16 of the sum per row summed, 1e-9 at N = 1e7) is far
+        # below the smallest gain a line search asks for, 1e-4 of a decrement above 1e-4.
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-            values = [oracles.loglik_rows(candidate, piece) for piece in pieces]
-            gain = oracles.log_prior_ratio(candidate, q) + scale * sum(
-                float((value - old).sum()) for value, old in zip(values, base, strict=True)
-            )
+            value = _loglik_sum(oracles, candidate, rows)
+            gain = oracles.log_prior_ratio(candidate, q) + scale * (value - loglik)
         if np.isfinite(gain) and gain >= _ARMIJO * alpha * decrement:
             if not isinstance(rows, slice):
                 return candidate, None
-            total = oracles.log_prior(candidate) + sum(float(value.sum()) for value in values)
+            total = oracles.log_prior(candidate) + value
             return candidate, total if np.isfinite(total) else None
         alpha *= 0.5
     return q, None
+
+
+def _loglik_sum(oracles: ModelOracles, q: np.ndarray, rows: Rows) -> float:
+    """Sum the rows' log-likelihoods at ``q``, chunk by chunk (a slice read in place)."""
+    if isinstance(rows, slice):
+        pieces: list[Rows] = list(row_chunks(oracles.n_rows, _CHUNK))
+    else:
+        pieces = [rows[begin : begin + _CHUNK] for begin in range(0, rows.size, _CHUNK)]
+    return sum(float(oracles.loglik_rows(q, piece).sum()) for piece in pieces)
 
 
 def _row_count(rows: Rows, n_rows: int) -> int:

@@ -200,6 +200,33 @@ def test_ranges_of_rows_read_in_place_or_gathered(order):
         np.testing.assert_allclose(sliced, indexed, rtol=1e-12)
 
 
+@pytest.mark.parametrize("rows", [slice(0, N), slice(13, 170), np.arange(3, N, 5)])
+def test_search_sums_are_the_sums_of_the_per_row_functions(rows):
+    """One pass of the reference search sums what the per-row functions give row by row.
+
+    The loglik, gradient, outer products and Hessian of ``search_sums`` (several chunks, as a
+    slice or as indices) against ``loglik_rows``, ``score_rows`` and ``gradient_hessian_sums``
+    on the same rows: a chunk dropped or counted twice, an offset slice, or a transposed outer
+    product fails this.
+    """
+    with pm.Model() as model:
+        beta = pm.Normal("beta", 0.0, 1.0, shape=3)
+        sigma = pm.HalfNormal("sigma", 1.0)
+        pm.Normal("y", pm.math.dot(X, beta), sigma, observed=Y)
+    oracles = build_oracles(model, model.value_vars, initial_point=model.initial_point())
+    q = np.array([0.3, -1.0, 0.2, 0.4])
+    indices = np.arange(N)[rows]
+    sums = oracles.search_sums(q, rows, with_hessian=True, chunk_size=64)
+    scores = oracles.score_rows(q, indices)
+    np.testing.assert_allclose(sums.loglik, oracles.loglik_rows(q, indices).sum(), rtol=1e-12)
+    np.testing.assert_allclose(sums.gradient, scores.sum(0), rtol=1e-10)
+    np.testing.assert_allclose(sums.outer, scores.T @ scores, rtol=1e-10)
+    oracles.freeze_shared()
+    hessian = oracles.gradient_hessian_sums(q, indices)[1]
+    np.testing.assert_allclose(sums.hessian, hessian, rtol=1e-10)
+    assert oracles.search_sums(q, rows, with_hessian=False, chunk_size=64).hessian is None
+
+
 def test_reduction_over_rows_is_refused():
     with pm.Model() as model:
         beta = pm.Normal("beta", 0, 10, shape=3)

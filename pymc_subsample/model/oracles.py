@@ -12,7 +12,7 @@ import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 import numpy as np
 import pytensor
@@ -47,6 +47,7 @@ __all__ = [
     "ModelFunctions",
     "ModelOracles",
     "Rows",
+    "SearchSums",
     "build_oracles",
     "check_continuous",
     "row_chunks",
@@ -57,6 +58,29 @@ Rows = np.ndarray | slice
 
 #: Fixed seed of the construction-time self-check (deterministic, not a statistical test).
 _SELF_CHECK_SEED = 20140614
+#: Rows per call when the self-check reads every row at the initial point.
+_FINITE_CHUNK = 65_536
+
+
+class SearchSums(NamedTuple):
+    """What one pass of the reference search reads from a set of rows at a point ``q``.
+
+    Attributes
+    ----------
+    loglik : float
+        ``sum_i loglik_i(q)``.
+    gradient : ndarray
+        ``sum_i s_i``, the rows' summed gradient (scores ``s_i = d loglik_i / dq``).
+    outer : ndarray
+        ``sum_i s_i s_i^T`` (d x d): the scores' spread, for the direction test.
+    hessian : ndarray or None
+        ``sum_i d^2 loglik_i / dq^2`` (d x d); None when not asked for.
+    """
+
+    loglik: float
+    gradient: np.ndarray
+    outer: np.ndarray
+    hessian: np.ndarray | None
 
 
 @dataclass(frozen=True)
@@ -94,6 +118,7 @@ class ModelFunctions:
     remainder_gradient: LazyFunction
     residual: dict[int, LazyFunction]
     sums: LazyFunction
+    search: dict[bool, LazyFunction]
     prior_hessian: LazyFunction
     row_data: tuple[Variable, ...]
     data: tuple[SharedVariable, ...]
@@ -308,6 +333,38 @@ class ModelOracles:
             gradient += chunk_gradient
             hessian += chunk_hessian
         return gradient, hessian
+
+    def search_sums(
+        self, q: np.ndarray, idx: Rows, *, with_hessian: bool, chunk_size: int = 8192
+    ) -> SearchSums:
+        """Sum over the rows ``idx`` at ``q`` what one iteration of the reference search needs.
+
+        One compiled call per chunk of ``chunk_size`` rows returns the rows' summed
+        log-likelihood, gradient, scores' outer products and (``with_hessian``) Hessian, so
+        an iteration reads its rows once: O(len(idx)) time, O(chunk_size * d) memory. A slice
+        is read in place. Other model variables are read at their current values.
+        """
+        function = self._gradient("search_sums", self._functions.search[with_hessian])
+        d = self.n_params
+        loglik, gradient, outer = 0.0, np.zeros(d), np.zeros((d, d))
+        hessian = np.zeros((d, d)) if with_hessian else None
+        pieces: Iterator[Rows]
+        if isinstance(idx, slice):
+            start, stop, _ = idx.indices(self.n_rows)
+            pieces = (
+                slice(start + piece.start, start + piece.stop)
+                for piece in row_chunks(stop - start, chunk_size)
+            )
+        else:
+            pieces = (idx[begin : begin + chunk_size] for begin in range(0, idx.size, chunk_size))
+        for rows in pieces:
+            sums = function(q, *[array[:, None] for array in self._gather(rows)])
+            loglik += float(sums[0])
+            gradient += sums[1]
+            outer += sums[2]
+            if hessian is not None:
+                hessian += sums[3]
+        return SearchSums(loglik, gradient, outer, hessian)
 
     def log_prior_hessian(self, q: np.ndarray) -> np.ndarray:
         """Hessian of :meth:`log_prior` (d x d)."""
@@ -579,8 +636,8 @@ def _model_functions(
         prior_ratio=fixed([q, q_old], prior_q - prior_q_old),
         rows=fixed([q, *row_inputs], rows_q),
         ratio=fixed([q, q_old, *row_inputs], rows_q - rows_q_old),
-        # Called twice, by the self-check only: PyTensor's Python linker skips the rewrites and
-        # the JIT (0.3-0.5 s of set-up) and is fast enough for two vectorised passes.
+        # Called once, by the self-check only: PyTensor's Python linker skips the rewrites and
+        # the JIT (0.3-0.5 s of set-up) and is fast enough for one vectorised pass.
         full_rows=LazyFunction(partial(_given, [q], full_q), {**kwargs, "mode": "FAST_COMPILE"}),
         score=lazy(partial(_score_graph, rows_q, q, row_inputs)),
         prior_grad=lazy(partial(_prior_gradient_graph, prior_q, q)),
@@ -592,6 +649,10 @@ def _model_functions(
             order: lazy(partial(_residual_graph, *residual_inputs, order)) for order in (1, 2)
         },
         sums=lazy(partial(_sums_graph, rows_ref, q_ref, row_inputs)),
+        search={
+            hessian: lazy(partial(_search_graph, rows_q, q, row_inputs, hessian))
+            for hessian in (False, True)
+        },
         prior_hessian=lazy(partial(_prior_hessian_graph, prior_q, q)),
         row_data=graph.row_data,
         data=_shared_data([rows_q, prior_q, *graph.row_data], set(shared.values()) | set(shared)),
@@ -637,6 +698,25 @@ def _sums_graph(
 ) -> tuple[list[Variable], Any]:
     gradient_sum, hessian_sum = summed_gradient_and_hessian(rows_ref, q_ref)
     return [q_ref, *row_inputs], [gradient_sum, hessian_sum]
+
+
+def _search_graph(
+    rows_q: TensorVariable, q: TensorVariable, row_inputs: list[TensorVariable], hessian: bool
+) -> tuple[list[Variable], Any]:
+    """Build the rows' summed log-likelihood, gradient, scores' outer products and Hessian.
+
+    Inputs are the rows batched as for :func:`_score_graph` (``(n, 1, ...)``); the per-row
+    scores stay inside the function.
+    """
+    scores, batched_inputs = per_row_gradient(rows_q, q, row_inputs)
+    unbatched: dict[Variable, Variable] = {
+        row: batch[:, 0] for row, batch in zip(row_inputs, batched_inputs, strict=True)
+    }
+    rows = cast(TensorVariable, clone_replace(rows_q, replace=unbatched))
+    outputs = [rows.sum(), scores.sum(0), scores.T @ scores]
+    if hessian:
+        outputs.append(summed_gradient_and_hessian(rows, q)[1])
+    return [q, *batched_inputs], outputs
 
 
 def _posterior_gradient_graph(
@@ -690,37 +770,54 @@ def _prior_gradient(prior_q: TensorVariable, q: TensorVariable) -> TensorVariabl
 
 
 def _self_check(oracles: ModelOracles, full_fn: LazyFunction, q0: np.ndarray) -> None:
-    """Compare per-row values on a few rows against the full model, at q0 and a jittered point."""
+    """Check the per-row function against the full model on a few rows, at a jittered point.
+
+    The rows' function is the model's likelihood rebuilt on row subsets of the data
+    (``rows.py``); the full model's own per-row log-likelihood (``full_fn``, one vectorised
+    pass in PyTensor's Python linker, no compilation) must agree with it on the checked rows.
+    One point suffices, jittered away from ``q0``, where a value such as 0 could hide a
+    reduction over rows (``X - X.mean(0)`` times a zero coefficient). At ``q0`` itself every
+    row must have a finite log-likelihood: checked range by range with the compiled per-row
+    function (no copy of the data).
+    """
     n_rows = oracles.n_rows
     check_rng = np.random.default_rng(_SELF_CHECK_SEED)
     sample = check_rng.choice(n_rows, size=min(n_rows, 6), replace=False)
     rows = np.unique(np.concatenate([[0, n_rows - 1], sample])).astype("int64")
     names = [str(rv.name) for rv in oracles.layout.row_rvs]
-    points = [q0, q0 + check_rng.normal(scale=0.3, size=q0.size)]
-    for point_index, q in enumerate(points):
-        try:
-            subset, full = oracles.loglik_rows(q, rows), full_fn(q)
-        except Exception as error:
-            raise ValueError(
-                f"The likelihood of {names} could not be evaluated on a subset of rows "
-                f"({type(error).__name__}: {error}). Per-row latent variables (a free variable "
-                "with one entry per row) cannot be subsampled; if some array of length "
-                f"N={n_rows} is not row-aligned, give the rows a named dim and pass obs_dim."
-            ) from error
-        if point_index == 0:
-            _check_initial_finite(full, oracles.log_prior(q), names)
-        if not np.allclose(subset, full[rows], rtol=1e-6, atol=1e-8, equal_nan=True):
-            raise ValueError(
-                f"Self-check failed: the log-likelihood of {names} evaluated on a subset of rows "
-                "differs from the full model's value for the same rows. The model probably "
-                "transforms data with a reduction over rows (for example standardising with "
-                "X.mean(0) inside the model): do that in numpy before building the model. If an "
-                f"array of length N={n_rows} is not row-aligned, name the row dim via obs_dim."
-            )
+    jittered = q0 + check_rng.normal(scale=0.3, size=q0.size)
+    try:
+        subset, full = oracles.loglik_rows(jittered, rows), full_fn(jittered)[rows]
+        bad = _nonfinite_rows(oracles, q0)
+    except Exception as error:
+        raise ValueError(
+            f"The likelihood of {names} could not be evaluated on a subset of rows "
+            f"({type(error).__name__}: {error}). Per-row latent variables (a free variable "
+            "with one entry per row) cannot be subsampled; if some array of length "
+            f"N={n_rows} is not row-aligned, give the rows a named dim and pass obs_dim."
+        ) from error
+    if not np.allclose(subset, full, rtol=1e-6, atol=1e-8, equal_nan=True):
+        raise ValueError(
+            f"Self-check failed: the log-likelihood of {names} evaluated on a subset of rows "
+            "differs from the full model's value for the same rows. The model probably "
+            "transforms data with a reduction over rows (for example standardising with "
+            "X.mean(0) inside the model): do that in numpy before building the model. If an "
+            f"array of length N={n_rows} is not row-aligned, name the row dim via obs_dim."
+        )
+    _check_initial_finite(bad, oracles.log_prior(q0), names)
 
 
-def _check_initial_finite(full_rows: np.ndarray, log_prior: float, names: list[str]) -> None:
-    bad = np.flatnonzero(~np.isfinite(full_rows))
+def _nonfinite_rows(oracles: ModelOracles, q: np.ndarray) -> np.ndarray:
+    """Rows whose log-likelihood at ``q`` is not finite, read range by range in place."""
+    bad: list[np.ndarray] = []
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        for piece in row_chunks(oracles.n_rows, _FINITE_CHUNK):
+            values = oracles.loglik_rows(q, piece)
+            bad.append(piece.start + np.flatnonzero(~np.isfinite(values)))
+    return np.concatenate(bad)
+
+
+def _check_initial_finite(bad: np.ndarray, log_prior: float, names: list[str]) -> None:
     if bad.size:
         raise ValueError(
             f"The log-likelihood of {names} is not finite at the initial point for rows "
