@@ -610,8 +610,7 @@ def _tested_update(
     n_rows = oracles.n_rows
     newton = method == "newton"
     sampler.start_test()
-    prior_gradient = oracles.log_prior_grad(q)
-    prior_hessian = oracles.log_prior_hessian(q)
+    prior_gradient, prior_hessian = oracles.log_prior_derivatives(q)
     chunks: list[np.ndarray] = []
     sums: SearchSums | None = None
     size = min(first, n_rows)

@@ -379,3 +379,20 @@ def test_a_step_over_prior_only_variables_reads_one_batch_and_samples_the_prior(
     for moment, exact in ((draws, np.sqrt(2 / np.pi)), (draws**2, 1.0)):
         mcse = moment.std() / np.sqrt(float(np.asarray(az.ess(moment))))
         assert abs(moment.mean() - exact) < 4.5 * mcse
+
+
+@pytest.mark.parametrize("enabled_before", [True, False])
+def test_collection_paused_restores_the_collector(enabled_before):
+    """Compiling pauses Python's garbage collector and leaves it as it found it, even on errors."""
+    import gc
+
+    from pymc_subsample.model.compiled import collection_paused
+
+    (gc.enable if enabled_before else gc.disable)()
+    try:
+        with pytest.raises(RuntimeError), collection_paused():
+            assert not gc.isenabled()
+            raise RuntimeError("compilation failed")
+        assert gc.isenabled() is enabled_before
+    finally:
+        gc.enable()

@@ -46,7 +46,7 @@ class CorrectionDistribution(NamedTuple):
 
 
 def build_correction(
-    sigma: float = 1.0, half_width: float = 20.0, n_points: int = 401
+    sigma: float = 1.0, half_width: float = 20.0, n_points: int = 201
 ) -> CorrectionDistribution:
     """Deconvolve the standard logistic by ``N(0, sigma^2)`` with non-negative least squares.
 
@@ -57,8 +57,10 @@ def build_correction(
     half_width : float, default 20
         The support grid spans ``[-half_width, half_width]`` (the logistic tail beyond 20 has
         mass 2e-9); the fitting grid spans twice that.
-    n_points : int, default 401
-        Support points (spacing 0.1 by default); the fitting grid has ``2 n_points - 1``.
+    n_points : int, default 201
+        Support points (spacing 0.2 by default); the fitting grid has ``2 n_points - 1``.
+        The sup-CDF error at sigma = 1 is 7.6e-8 with 201 points and 7.3e-8 with 401, whose
+        fit takes 4x as long (0.3 s, most of a Barker step's set-up outside compilation).
 
     Returns
     -------
@@ -98,7 +100,7 @@ def sup_cdf_error(support: np.ndarray, masses: np.ndarray, sigma: float) -> floa
 
 @lru_cache(maxsize=8)
 def correction_distribution(sigma: float = 1.0) -> CorrectionDistribution:
-    """Build once per sigma and cache (about half a second at the default grid)."""
+    """Build once per sigma and cache (about 0.07 s at the default grid)."""
     return build_correction(float(sigma))
 
 

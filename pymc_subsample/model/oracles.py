@@ -28,7 +28,7 @@ from pytensor.graph.traversal import ancestors
 from pytensor.tensor.variable import TensorConstant, TensorVariable
 
 from pymc_subsample.model.checks import check_no_imputed_rows, check_no_per_row_latents
-from pymc_subsample.model.compiled import GraphBuilder, LazyFunction
+from pymc_subsample.model.compiled import GraphBuilder, LazyFunction, collection_paused
 from pymc_subsample.model.gradients import (
     per_row_gradient,
     per_row_proxy_terms,
@@ -368,7 +368,12 @@ class ModelOracles:
 
     def log_prior_hessian(self, q: np.ndarray) -> np.ndarray:
         """Hessian of :meth:`log_prior` (d x d)."""
-        return self._gradient("log_prior_hessian", self._functions.prior_hessian)(q)
+        return self.log_prior_derivatives(q)[1]
+
+    def log_prior_derivatives(self, q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Gradient and Hessian of :meth:`log_prior` in one call (one compiled function)."""
+        gradient, hessian = self._gradient("log_prior_hessian", self._functions.prior_hessian)(q)
+        return gradient, hessian
 
     def freeze_shared(self) -> None:
         """Copy the current values of the variables this step does not sample into the proxies."""
@@ -551,7 +556,7 @@ def build_oracles(
     new = functions is None
     if functions is None:
         # No stack trace per node created (as in LazyFunction.compile): 0.05-0.1 s.
-        with pytensor.config.change_flags(traceback__limit=0):
+        with pytensor.config.change_flags(traceback__limit=0), collection_paused():
             functions = per_model[key] = _model_functions(
                 model, vars, initial_point, obs_dim, dict(compile_kwargs or {})
             )
@@ -759,8 +764,9 @@ def _prior_gradient_graph(prior_q: TensorVariable, q: TensorVariable) -> tuple[l
 
 
 def _prior_hessian_graph(prior_q: TensorVariable, q: TensorVariable) -> tuple[list[Variable], Any]:
-    hessian = jacobian(_prior_gradient(prior_q, q), q, vectorize=True, disconnected_inputs="ignore")
-    return [q], hessian
+    gradient = _prior_gradient(prior_q, q)
+    hessian = jacobian(gradient, q, vectorize=True, disconnected_inputs="ignore")
+    return [q], [gradient, hessian]
 
 
 def _prior_gradient(prior_q: TensorVariable, q: TensorVariable) -> TensorVariable:
