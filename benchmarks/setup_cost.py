@@ -10,8 +10,9 @@ before its first draw) and, where installed, nutpie's ``compile_pymc_model``.
 Every measurement runs in its own fresh process, which loads the data from an ``.npy`` file
 (no generation temporaries in its memory), builds the model, and then:
 
-- times the import of PyTensor's Numba backend (``backend_seconds``; paid once per process by
-  whatever compiles first, so it is reported apart: ``setup_seconds`` excludes it, and
+- times starting PyTensor's Numba backend (``backend_seconds``: importing it and one trivial
+  compiled call, which loads Numba's registries; paid once per process by whatever compiles
+  first, NUTS as well, so it is reported apart: ``setup_seconds`` excludes it, and
   ``setup_with_backend_seconds`` is their sum, the set-up of the first step a fresh process
   builds);
 - times building the step (``setup_seconds``), then samples 200 + 1,000 draws (the steps);
@@ -19,13 +20,15 @@ Every measurement runs in its own fresh process, which loads the data from an ``
   (the data included), during set-up and by the end of sampling, and over the data's size.
 
 Caches: "warm" runs reuse PyTensor's and Numba's on-disk caches (filled by a first, unmeasured
-run), as every run after a user's first on a model does; "cold" runs get an empty compile
-directory, as a user's first run does (``--cold``, N = 1e6 only). The memory that does not
+run), as every run after a user's first on a model does; three of them per sampler and N, and
+the one with the median set-up is reported (``setup_seconds_range``: the three's range).
+"Cold" runs get an empty compile directory, as a user's first run does (``--cold``, N = 1e6
+only). The memory that does not
 grow with N (Numba, LLVM, compiled code) is measured at N = 1e4 and reported as ``fixed``;
 ``per_data`` is the growth beyond it over the data's size.
 
-Run ``python benchmarks/setup_cost.py`` (about 3 minutes on 2 cores; ``--large`` adds
-N = 1e7, about 4 more; ``--cold`` adds the cold-cache runs, about 2 more). Writes
+Run ``python benchmarks/setup_cost.py`` (about 6 minutes on 2 cores; ``--large`` adds
+N = 1e7, about 6 more; ``--cold`` adds the cold-cache runs, about 2 more). Writes
 ``results/setup_cost.json``.
 """
 
@@ -46,6 +49,8 @@ from common import logistic_data, write_json
 
 SAMPLERS = ("austerity", "barker", "nuts", "nutpie")
 STEP_DRAWS = {"tune": 200, "draws": 1_000}
+#: Warm runs per sampler and N; the run with the median set-up is reported, with the range.
+REPEATS = 3
 FEATURES = 10
 
 
@@ -56,6 +61,19 @@ def _rss() -> int:
 
 def _peak() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _start_backend() -> None:
+    """Start PyTensor's default backend: import it and run one trivial compiled function.
+
+    What the first compiled call of any process pays once (NUTS's as well as a step's):
+    importing PyTensor's Numba backend and loading Numba's typing registries.
+    """
+    import pytensor
+    import pytensor.tensor as pt
+
+    x = pt.dvector("x")
+    pytensor.function([x], 2 * x)(np.zeros(3))
 
 
 def child(sampler: str, data_path: str) -> dict[str, Any]:
@@ -73,8 +91,7 @@ def child(sampler: str, data_path: str) -> dict[str, Any]:
         model.initial_point()
     base = _rss()
     start = time.perf_counter()
-    import pytensor.link.numba.dispatch  # noqa: F401
-
+    _start_backend()
     backend = time.perf_counter() - start
     result: dict[str, Any] = {"import_seconds": imports, "backend_seconds": backend}
     start = time.perf_counter()
@@ -147,7 +164,10 @@ def measure(n_rows: int, samplers: list[str], cold: bool, folder: str) -> dict[s
     runs: dict[str, Any] = {}
     for sampler in samplers:
         run_child(sampler, data_path)  # fills the on-disk caches
-        runs[sampler] = run = run_child(sampler, data_path)
+        repeats = [run_child(sampler, data_path) for _ in range(REPEATS)]
+        setups = sorted(r["setup_seconds"] for r in repeats)
+        runs[sampler] = run = sorted(repeats, key=lambda r: r["setup_seconds"])[REPEATS // 2]
+        run["setup_seconds_range"] = [setups[0], setups[-1]]
         run["setup_with_backend_seconds"] = run["setup_seconds"] + run["backend_seconds"]
         if cold:
             with tempfile.TemporaryDirectory() as compiledir:
@@ -155,7 +175,7 @@ def measure(n_rows: int, samplers: list[str], cold: bool, folder: str) -> dict[s
             run["cold_setup_with_backend_seconds"] = (
                 cold_run["setup_seconds"] + cold_run["backend_seconds"]
             )
-        print(n_rows, sampler, {k: round(v, 3) for k, v in run.items()}, flush=True)
+        print(n_rows, sampler, json.dumps(run), flush=True)
     return runs
 
 
