@@ -89,6 +89,24 @@ def test_nonfinite_initial_loglik():
             pms.AusterityMH()
 
 
+def test_nonfinite_rows_are_found_across_chunks(monkeypatch):
+    """The start's finiteness check reads the rows range by range: rows in later ranges count.
+
+    With ranges of 7 rows, rows 7, 20 and 49 lie in the second, third and last range; an
+    offset dropped from a range's indices reports rows 0 and 6 instead, and fails this.
+    """
+    from pymc_subsample.model import oracles
+
+    monkeypatch.setattr(oracles, "_FINITE_CHUNK", 7)
+    y = np.zeros(50)
+    y[[7, 20, 49]] = np.nan
+    with pm.Model():
+        mu = pm.Normal("mu")
+        pm.Normal("y", mu, 1.0, observed=pt.as_tensor(y))
+        with pytest.raises(ValueError, match=r"initial point for rows \[7, 20, 49\] \(3 rows"):
+            pms.AusterityMH()
+
+
 def test_per_row_latent_variable_is_explained():
     with pm.Model():
         z = pm.Normal("z", shape=40)
