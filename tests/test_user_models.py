@@ -310,3 +310,70 @@ def test_uncentred_regression_has_a_usable_reference_point():
         pm.Normal("y", alpha + beta * years, sigma, observed=y)
         ref = pms.find_reference_point(random_seed=1)
     assert ref.failure is None
+
+
+def _bounded_regression(likelihood: str) -> pm.Model:
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=300)
+    y = np.abs(0.5 + 0.8 * x + rng.normal(size=300))
+    with pm.Model() as model:
+        a = pm.Normal("a", 0.0, 5.0)
+        b = pm.Normal("b", 0.0, 5.0)
+        s = pm.HalfNormal("s", 2.0)
+        mu = a + b * x
+        if likelihood == "truncated_below":
+            pm.Truncated("y", pm.Normal.dist(mu, s), lower=0.0, observed=y)
+        elif likelihood == "truncated_above":
+            pm.Truncated("y", pm.Normal.dist(mu, s), upper=5.0, observed=y)
+        elif likelihood == "censored_below":
+            pm.Censored("y", pm.Normal.dist(mu, s), lower=0.2, upper=None, observed=y + 0.2)
+        else:  # a CustomDist whose log-density has no derivative where it is used
+
+            def logp(value, mu, sigma):
+                return pm.logp(pm.Normal.dist(mu, sigma), value) + pt.sqrt(
+                    pt.maximum(sigma - 10.0, 0.0)
+                )
+
+            pm.CustomDist("y", mu, s, logp=logp, observed=y)
+    return model
+
+
+@pytest.mark.parametrize("likelihood", ["truncated_below", "truncated_above", "censored_below"])
+def test_bounded_likelihoods_have_pymcs_gradient(likelihood):
+    """An infinite bound of pm.Truncated / pm.Censored drops out of the rows' terms, as in PyMC.
+
+    PyMC folds constant inputs before reading a distribution's log-probability, and these
+    distributions keep an infinite bound's terms when the bound is not a constant. The rows'
+    graph kept them (the same values), and the truncated normal's gradient in the scale was
+    NaN: the reference search failed, every Hamiltonian trajectory was rejected and tuning
+    ended in a crash. The rows' gradient over all rows must be PyMC's, at two points.
+    """
+    model = _bounded_regression(likelihood)
+    point = model.initial_point()
+    with model:
+        step = pms.AusterityMH(proposal="random_walk", control_variate=None)
+    oracles = step.oracles
+    dlogp = model.compile_dlogp()
+    for shift in (0.0, 0.3):
+        q = oracles.initial_q + shift
+        ours = oracles.gradient_on_rows(None)(q)
+        shifted = {name: value + shift for name, value in point.items()}
+        np.testing.assert_allclose(ours, dlogp(shifted), rtol=1e-9, atol=1e-9)
+
+
+def test_nan_gradients_of_the_rows_leave_the_default_on_a_random_walk():
+    """A log-density whose gradient is NaN where it is finite: gradient proposals cannot move.
+
+    Every trajectory would be rejected as non-finite and the chain would never move (during
+    tuning the step size shrank to 0, and PyMC crashed). The default says so and runs the
+    random walk, which moves; an explicit gradient-based proposal is refused, naming the cause.
+    """
+    model = _bounded_regression("custom_without_derivative")
+    with model:
+        with pytest.warns(pms.SubsampleWarning, match="random-walk proposal instead"):
+            step = pms.AusterityMH()
+        assert step.proposal_kind == "random_walk"
+        idata = pm.sample(300, tune=500, step=step, random_seed=2, **SAMPLE)
+    assert idata.sample_stats["accepted"].values.mean() > 0.05
+    with model, pytest.raises(ValueError, match=r"proposal='hmc' cannot be used.*maximum"):
+        pms.MinibatchBarkerMH(proposal="hmc", control_variate=None)

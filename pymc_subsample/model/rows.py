@@ -23,6 +23,7 @@ from pymc.variational.minibatch_rv import MinibatchRandomVariable, get_scaling
 from pytensor.compile.sharedvalue import SharedVariable
 from pytensor.graph.basic import Constant, Variable
 from pytensor.graph.replace import clone_replace
+from pytensor.graph.rewriting.utils import rewrite_graph
 from pytensor.graph.traversal import ancestors
 from pytensor.tensor.type import TensorType
 from pytensor.tensor.variable import TensorVariable
@@ -157,9 +158,28 @@ def _unwrap_total_size(rv: Variable) -> Variable:
 def _rebuild_on_values(model: Model, rv: Variable) -> TensorVariable:
     """Clone ``rv``'s node with every random variable among its inputs replaced by its value."""
     node = rv.owner
-    new_inputs = model.replace_rvs_by_values(node.inputs)
+    new_inputs = [_folded(i) for i in model.replace_rvs_by_values(node.inputs)]
     new_node = node.clone_with_new_inputs(new_inputs, strict=False)
     return cast(TensorVariable, new_node.outputs[node.outputs.index(rv)])
+
+
+def _folded(graph: Variable) -> Variable:
+    """Fold ``graph`` to a constant when it is computed from constants only.
+
+    PyMC's model log-density folds such inputs before it reads the distributions'
+    log-probabilities (``construct_ir_fgraph``), and some of them branch on whether an input
+    is a constant: ``pm.Truncated`` and ``pm.Censored`` drop an infinite bound's terms only
+    when the bound is a constant. Calling ``logp`` on the rebuilt variable skips that step, so
+    without folding the row terms kept ``lower=0, upper=ExpandDims(inf)`` as two finite
+    bounds: the same values, but the log-normaliser's gradient in the scale was NaN.
+    """
+    if graph.owner is None:
+        return graph
+    roots = (v for v in ancestors([graph]) if v.owner is None)
+    if not all(isinstance(root, Constant) for root in roots):
+        return graph
+    folded = rewrite_graph(graph, include=("canonicalize",))
+    return folded if isinstance(folded, Constant) else graph
 
 
 def _row_aligned_data(graph: Variable, model: Model, layout: RowLayout) -> list[TensorVariable]:

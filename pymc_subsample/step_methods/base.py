@@ -60,6 +60,7 @@ from pymc_subsample.step_methods.defaults import (
     TRAJECTORY_TIME,
     control_variate_obstacle,
     dropped_default_message,
+    gradient_obstacle,
 )
 from pymc_subsample.step_methods.diagnostics import ChainDiagnostics
 from pymc_subsample.step_methods.progress import make_progressbar_updaters, progressbar_config
@@ -480,6 +481,10 @@ class SubsampleMetropolisBase(SubsampleStepBase):
                 + ": use proposal='random_walk', or control_variate='taylor2' with a "
                 "reference point."
             )
+        if requested in ("hmc", "langevin"):
+            obstacle = gradient_obstacle(self.oracles)
+            if obstacle is not None:
+                raise ValueError(f"proposal={requested!r} cannot be used here: {obstacle}.")
         if requested != "auto":
             return requested
         close = self.laplace_spread <= INDEPENDENT_SPREAD  # False for NaN (no search)
@@ -490,7 +495,13 @@ class SubsampleMetropolisBase(SubsampleStepBase):
         if self.oracles.rows_depend_on_q and not (
             minibatch_gradient_only and self.oracles.n_rows > TRAJECTORY_GRADIENT_ROWS
         ):
-            return "hmc"
+            obstacle = gradient_obstacle(self.oracles)
+            if obstacle is None:
+                return "hmc"
+            warn_user(
+                f"{type(self).__name__} uses the random-walk proposal instead of its default "
+                f"Hamiltonian trajectories: {obstacle}."
+            )
         return "random_walk"
 
     def _exact_by_design(self) -> bool:
@@ -605,6 +616,12 @@ class SubsampleMetropolisBase(SubsampleStepBase):
         if isinstance(self.proposal, RandomWalkProposal | IndependentProposal | UserProposal):
             return self.proposal(self.rng, q_old, self.scaling)
         if isinstance(self.proposal, HamiltonianProposal):
+            if not (0.0 < self.scaling < math.inf):
+                raise RuntimeError(
+                    f"The trajectories' step size shrank to {self.scaling:g} during tuning: "
+                    "every trajectory was rejected (non-finite gradients or log-densities "
+                    "along it). Sample with proposal='random_walk'."
+                )
             n_steps = jittered_steps(self.rng, self.scaling, TRAJECTORY_TIME, TRAJECTORY_MAX_STEPS)
             q_new, log_ratio, self._trajectory = self.proposal(
                 self.rng, q_old, self.scaling, n_steps, self._trajectory_gradient()

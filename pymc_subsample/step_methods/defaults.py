@@ -19,6 +19,8 @@ one batch per draw anyway.
 
 from __future__ import annotations
 
+import numpy as np
+
 from pymc_subsample.model.oracles import ModelOracles
 
 __all__ = [
@@ -32,6 +34,7 @@ __all__ = [
     "TRAJECTORY_TIME",
     "control_variate_obstacle",
     "dropped_default_message",
+    "gradient_obstacle",
 ]
 
 #: The default value of ``control_variate``.
@@ -60,6 +63,8 @@ TRAJECTORY_TIME = 0.5 * 3.141592653589793
 TRAJECTORY_MAX_STEPS = 100
 #: The acceptance rate the step size's dual averaging aims at during tuning.
 TRAJECTORY_TARGET_ACCEPTANCE = 0.8
+#: Rows whose summed gradient :func:`gradient_obstacle` checks, at two points.
+GRADIENT_CHECK_ROWS = 64
 
 
 def control_variate_obstacle(oracles: ModelOracles, temperature: float) -> str | None:
@@ -103,4 +108,36 @@ def dropped_default_message(step_name: str, reason: str) -> str:
         "grows (stat n_data), and there is no Laplace covariance for the proposal: the default "
         "Hamiltonian trajectories adapt a diagonal mass during tuning instead, unless "
         "proposal_cov is given."
+    )
+
+
+def gradient_obstacle(oracles: ModelOracles) -> str | None:
+    """Why PyTensor's gradient of the rows cannot drive a proposal; None if it can.
+
+    The rows' summed gradient is evaluated on the first :data:`GRADIENT_CHECK_ROWS` rows at
+    the initial point and at a point jittered from it (fixed seed). Where the rows'
+    log-likelihood is finite at both and the gradient is not at either, the derivative graph
+    is wrong rather than the point far out: every trajectory or Langevin step would be
+    rejected as non-finite, the step size would shrink to nothing during tuning and the chain
+    would never move. A user's ``pm.CustomDist`` with ``sqrt(maximum(x, 0))`` in its
+    log-density is one such model (PyMC's own ``dlogp`` is NaN there too).
+    """
+    if not oracles.rows_depend_on_q:
+        return None
+    rows = np.arange(min(oracles.n_rows, GRADIENT_CHECK_ROWS), dtype="int64")
+    gradient = oracles.gradient_on_rows(rows)
+    q0 = oracles.initial_q
+    jittered = q0 + np.random.default_rng(0).normal(scale=0.1, size=q0.size)
+    with np.errstate(all="ignore"):
+        for q in (q0, jittered):
+            if not np.all(np.isfinite(oracles.loglik_rows(q, rows))):
+                return None  # the point itself is out of reach, not the derivative
+            if np.all(np.isfinite(gradient(q))):
+                return None
+    return (
+        "the gradient of the log-likelihood is not finite (NaN) at the initial point and "
+        "near it, where the log-likelihood itself is finite, so gradient-based proposals "
+        "would reject every move (PyMC's model.compile_dlogp() shows the same NaN; a term "
+        "such as sqrt(maximum(x, 0)) in a CustomDist's logp has no derivative at 0). Write "
+        "the log-density with finite derivatives, or use proposal='random_walk'"
     )
