@@ -8,9 +8,12 @@ batch 100 (the defaults), at N = 1e4 ... 1e7, all in one process per N and side 
   same ``pm.sample`` call: the floor of a draw that any PyMC step method pays (the sampling loop,
   the trace's recording of 16 stats, the point's ravel and unravel);
 - ``AusterityMH`` and ``MinibatchBarkerMH`` with ``proposal="random_walk"`` (the Laplace
-  covariance) and ``proposal="independent"`` (the default on this model): microseconds per
-  draw of ``pm.sample(tune=200, draws=5000)``, the wall of the whole call over its draws, and
-  the rows each draw read (stat ``n_data``);
+  covariance) and ``proposal="independent"`` (the default on this model), each with its
+  fused draw (one compiled call per draw, the default) and with ``fused=False`` (the Python
+  path, suffix ``_python``): microseconds per draw of ``pm.sample(tune=200, draws=5000)``,
+  the wall of the whole call over its draws, and the rows each draw read (stat ``n_data``);
+- ``fused_direct``: the fused draw of ``barker_random_walk`` called in a Python loop without
+  ``pm.sample`` (what the step's own draw costs, next to the Numba loop);
 - ``numba_loop``: the same arithmetic written by hand in one Numba function (random-walk
   proposal with the Laplace factor, Gaussian prior ratio, 100 rows drawn, their second-order
   residuals from the reference's per-row terms, the batch's mean and standard error, the t
@@ -43,10 +46,10 @@ from pymc.step_methods.arraystep import ArrayStepShared
 import pymc_subsample as pms
 
 STEPS = {
-    "austerity_random_walk": (pms.AusterityMH, "random_walk"),
-    "austerity_independent": (pms.AusterityMH, "independent"),
-    "barker_random_walk": (pms.MinibatchBarkerMH, "random_walk"),
-    "barker_independent": (pms.MinibatchBarkerMH, "independent"),
+    f"{test}_{proposal}{suffix}": (step_class, proposal, fused)
+    for test, step_class in (("austerity", pms.AusterityMH), ("barker", pms.MinibatchBarkerMH))
+    for proposal in ("random_walk", "independent")
+    for suffix, fused in (("", True), ("_python", False))
 }
 TUNE, DRAWS = 200, 5_000
 
@@ -77,6 +80,18 @@ def per_draw(step: Any, model: pm.Model) -> tuple[float, Any]:
         start = time.perf_counter()
         idata = pm.sample(step=step, tune=TUNE, draws=DRAWS, random_seed=1, **kwargs)
     return (time.perf_counter() - start) / (TUNE + DRAWS) * 1e6, idata
+
+
+def fused_direct(step: Any) -> float:
+    """Microseconds per draw of a step's fused draw called in a plain Python loop."""
+    draw, fields = step._fused_draw(), step._decision_fields
+    q = step.control.proxy.reference.copy()
+    for _ in range(100):
+        q, _ = draw.draw(q, step.scaling, fields)
+    start = time.perf_counter()
+    for _ in range(20_000):
+        q, _ = draw.draw(q, step.scaling, fields)
+    return (time.perf_counter() - start) / 20_000 * 1e6
 
 
 def numba_loop(
@@ -147,9 +162,10 @@ def run_rows(n_rows: int) -> dict[str, Any]:
         floor, _ = per_draw(StatsOnly(model.value_vars), model)
     result["pymc_loop_us"] = floor
     laplace_factor = None
-    for name, (step_class, proposal) in STEPS.items():
+    for name, (step_class, proposal, fused) in STEPS.items():
         with model:
-            step = step_class(proposal=proposal)
+            step = step_class(proposal=proposal, fused=fused)
+        assert (step.draw_path == "fused") == fused, step.draw_path
         micros, idata = per_draw(step, model)
         stats = idata.sample_stats
         result[name] = {
@@ -160,11 +176,17 @@ def run_rows(n_rows: int) -> dict[str, Any]:
         }
         if proposal == "random_walk" and laplace_factor is None:
             laplace_factor = (step.control.proxy.reference, step.proposal.chol_factor, step.scaling)
+        if name == "barker_random_walk":
+            result["fused_direct_us"] = fused_direct(step)
     assert laplace_factor is not None
     reference, factor, scaling = laplace_factor
     result["numba_loop_us"] = numba_loop(X, y, reference, factor, scaling)
     for name in STEPS:
         result[name]["over_numba_loop"] = result[name]["us_per_draw"] / result["numba_loop_us"]
+        if not name.endswith("_python"):
+            python = result[f"{name}_python"]["us_per_draw"]
+            result[name]["speedup_over_python_path"] = python / result[name]["us_per_draw"]
+    result["fused_direct_over_numba_loop"] = result["fused_direct_us"] / result["numba_loop_us"]
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     result["peak_rss_over_data"] = peak / data_bytes
     return result
@@ -172,7 +194,9 @@ def run_rows(n_rows: int) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
+    parser.add_argument(
+        "--rows", type=int, nargs="+", default=[10_000, 100_000, 1_000_000, 10_000_000]
+    )
     parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:

@@ -45,12 +45,20 @@ class RowSampler:
             raise ValueError(f"n_rows must be at least 1, got {n_rows}.")
         self.n_rows = int(n_rows)
         self._stamps = np.full(self.n_rows, -1, dtype=np.int64)
-        self._next_stamp = 0
+        #: The next stamp, then scratch space of the fused draw (``kernels/fused.py``), which
+        #: draws rows the same way on the same stamps: one int64 array, so that stamps and
+        #: counter stay together (a copy in a worker process included).
+        self.counters = np.zeros(4, dtype=np.int64)
         self._test_start = 0
         self._n_taken = 0
         self._remaining: np.ndarray | None = None
         #: The test's first batch, returned before its rows were stamped (see start_test).
         self._unstamped: np.ndarray | None = None
+
+    @property
+    def stamps(self) -> np.ndarray:
+        """The per-row stamps (shared with the fused draw, which samples rows the same way)."""
+        return self._stamps
 
     @property
     def n_taken(self) -> int:
@@ -59,7 +67,7 @@ class RowSampler:
 
     def start_test(self) -> None:
         """Begin a new test: every row becomes available again (O(1))."""
-        self._test_start = self._next_stamp
+        self._test_start = int(self.counters[0])
         self._n_taken = 0
         self._remaining = None
         self._unstamped = None
@@ -123,9 +131,9 @@ class RowSampler:
 
     def _stamp(self, candidates: np.ndarray) -> np.ndarray:
         """Mark rows taken in this test; return them without repeats (the last copy of each)."""
-        stamps = self._next_stamp + np.arange(candidates.size)
+        stamps = self.counters[0] + np.arange(candidates.size)
         self._stamps[candidates] = stamps
-        self._next_stamp += stamps.size
+        self.counters[0] += stamps.size
         # Where a row was proposed twice, only its last stamp survives: keep that copy.
         return candidates[self._stamps[candidates] == stamps]
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import gc
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from pymc.pytensorf import compile as compile_pytensor
@@ -22,7 +23,13 @@ from pytensor.graph.basic import Variable
 
 from pymc_subsample.warnings import numba_fallbacks_silenced
 
-__all__ = ["GraphBuilder", "LazyFunction", "collection_paused", "compile_function"]
+__all__ = [
+    "GraphBuilder",
+    "LazyFunction",
+    "NumbaKernel",
+    "collection_paused",
+    "compile_function",
+]
 
 #: Builds a function's graph: returns its inputs and outputs. Must be picklable (a module-level
 #: function or a functools.partial of one) so that steps pickle into worker processes.
@@ -40,12 +47,13 @@ class LazyFunction:
         Passed to PyTensor's compiler (``mode=`` and so on).
     """
 
-    __slots__ = ("_build", "_compile_kwargs", "_function")
+    __slots__ = ("_build", "_compile_kwargs", "_function", "_numba_function")
 
     def __init__(self, build: GraphBuilder, compile_kwargs: dict[str, Any]) -> None:
         self._build = build
         self._compile_kwargs = compile_kwargs
         self._function: Callable[..., Any] | None = None
+        self._numba_function: Callable[..., Any] | None = None
 
     @property
     def compiled(self) -> bool:
@@ -72,11 +80,83 @@ class LazyFunction:
                 self._function = compile_function(list(inputs), outputs, self._compile_kwargs)
         return self._function
 
+    def numba_kernel(self) -> NumbaKernel:
+        """Return the function as compiled by PyTensor's Numba backend, for Numba code.
+
+        PyMC 6 compiles with that backend by default, and the function compiled for Python
+        callers is reused; otherwise (PyMC 5's C backend, or a ``mode`` in ``compile_kwargs``)
+        the graph is compiled once more for Numba.
+
+        Raises
+        ------
+        RuntimeError
+            If PyTensor's Numba backend cannot compile the graph.
+        """
+        function: Any = self.compile()
+        if getattr(function.vm, "jit_fn", None) is None:
+            if self._numba_function is None:
+                with config.change_flags(traceback__limit=0), collection_paused():
+                    inputs, outputs = self._build()
+                    kwargs = {**self._compile_kwargs, "mode": "NUMBA"}
+                    self._numba_function = compile_function(list(inputs), outputs, kwargs)
+            function = self._numba_function
+        jit_function = getattr(function.vm, "jit_fn", None)
+        if jit_function is None:
+            raise RuntimeError("PyTensor's Numba backend did not compile this function.")
+        implicit = tuple(
+            container
+            for container, spec in zip(function.input_storage, function.maker.inputs, strict=True)
+            if spec.implicit
+        )
+        return NumbaKernel(
+            function=jit_function,
+            n_inputs=len(function.maker.inputs) - len(implicit),
+            implicit=implicit,
+            cache_key=_numba_cache_key(jit_function),
+        )
+
     def __getstate__(self) -> tuple[Any, ...]:
-        return (self._build, self._compile_kwargs, self._function)
+        return (self._build, self._compile_kwargs, self._function, self._numba_function)
 
     def __setstate__(self, state: tuple[Any, ...]) -> None:
-        self._build, self._compile_kwargs, self._function = state
+        self._build, self._compile_kwargs, self._function, self._numba_function = state
+
+
+@dataclass(frozen=True)
+class NumbaKernel:
+    """A compiled PyTensor function's Numba dispatcher and how to call it.
+
+    Attributes
+    ----------
+    function : callable
+        The dispatcher PyTensor's Numba linker built from the function's graph: called with
+        the explicit inputs and then the implicit ones (shared variables), it returns a tuple
+        of the outputs. Numba code can call it.
+    n_inputs : int
+        Number of explicit inputs.
+    implicit : tuple of Container
+        The shared variables' storage, read for their current values at each call.
+    cache_key : str or None
+        PyTensor's key of the dispatcher's code in its Numba cache (None: not cached).
+    """
+
+    function: Callable[..., Any]
+    n_inputs: int
+    implicit: tuple[Any, ...]
+    cache_key: str | None
+
+    def implicit_values(self) -> list[Any]:
+        """Return the current values of the implicit inputs (no copy)."""
+        return [container.storage[0] for container in self.implicit]
+
+
+def _numba_cache_key(jit_function: Any) -> str | None:
+    try:
+        from pytensor.link.numba.cache import CACHED_SRC_FUNCTIONS
+    except ImportError:  # pragma: no cover - a PyTensor without Numba caching
+        return None
+    py_function = getattr(jit_function, "py_func", None)
+    return None if py_function is None else CACHED_SRC_FUNCTIONS.get(py_function)
 
 
 def compile_function(

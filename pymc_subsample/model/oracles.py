@@ -28,7 +28,12 @@ from pytensor.graph.traversal import ancestors
 from pytensor.tensor.variable import TensorConstant, TensorVariable
 
 from pymc_subsample.model.checks import check_no_imputed_rows, check_no_per_row_latents
-from pymc_subsample.model.compiled import GraphBuilder, LazyFunction, collection_paused
+from pymc_subsample.model.compiled import (
+    GraphBuilder,
+    LazyFunction,
+    NumbaKernel,
+    collection_paused,
+)
 from pymc_subsample.model.gradients import (
     per_row_gradient,
     per_row_proxy_terms,
@@ -388,6 +393,21 @@ class ModelOracles:
         """Set the frozen copies to ``values`` (as returned by :meth:`frozen_values`)."""
         for (_, frozen), value in zip(self._functions.frozen, values, strict=True):
             frozen.set_value(value)
+
+    def row_arrays(self) -> list[np.ndarray]:
+        """Return the row-aligned data arrays the row functions read, in order (no copy)."""
+        return [_data_value(array) for array in self._functions.row_data]
+
+    def numba_kernels(self) -> tuple[NumbaKernel, NumbaKernel]:
+        """Return the prior ratio's and the rows' functions as Numba dispatchers.
+
+        The rows' function is that of :meth:`residual_ratio_rows` (inputs ``q, q_old, q_ref``
+        and the gathered rows) with a Taylor order, else that of :meth:`loglik_ratio_rows`
+        (``q, q_old`` and the rows); the prior ratio's inputs are ``q, q_old``.
+        """
+        functions = self._functions
+        rows = functions.ratio if self.proxy_order == 0 else functions.residual[self.proxy_order]
+        return functions.prior_ratio.numba_kernel(), rows.numba_kernel()
 
     def _gradient(self, name: str, function: LazyFunction) -> LazyFunction:
         if not self._functions.rows_depend_on_q:

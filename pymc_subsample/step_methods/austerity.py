@@ -11,11 +11,13 @@ from numpy.typing import ArrayLike
 from pymc.util import RandomGenerator
 from pytensor.tensor.variable import TensorVariable
 
+from pymc_subsample.kernels import fused as fused_kernels
 from pymc_subsample.kernels.austerity import (
     AusterityDecision,
     exact_mh_test,
     sequential_mh_test,
 )
+from pymc_subsample.kernels.correction import CorrectionDistribution
 from pymc_subsample.kernels.user_proposal import ProposalFunction
 from pymc_subsample.step_methods.base import SubsampleMetropolisBase
 from pymc_subsample.step_methods.defaults import AUTO
@@ -138,6 +140,14 @@ class AusterityMH(SubsampleMetropolisBase):
         ``"tune"``: at the end of tuning, re-expand at the mean of the last half of the tuning
         draws (one more pass over the data, counted in the first draw's ``n_data``); the
         Laplace proposal covariance is recomputed there too.
+    fused : bool, default True
+        Run each draw as one compiled call (the proposal, prior ratio, rows and test in one
+        Numba function, with the per-row terms compiled from the model's graph by PyTensor's
+        Numba backend) where the step allows it: a random-walk or independent proposal and
+        ``error_tolerance > 0``. Attribute ``draw_path`` says ``"fused"``, or ``"python: "``
+        and why not. The algorithm is the same; the random numbers come from Numba's generator
+        (seeded from the chain's), so draws differ from ``fused=False`` for the same seed.
+        The first step on a new model compiles the draw (about 2 s, cached on disk).
 
     Notes
     -----
@@ -207,6 +217,7 @@ class AusterityMH(SubsampleMetropolisBase):
     name = "austerity_mh"
     #: Without a control variate the l_i are far from Gaussian in small batches (the paper's m).
     _uncontrolled_batch_size = 500
+    _decision_fields = AusterityDecision._fields
     stats_dtypes_shapes: ClassVar[dict[str, tuple[type, list[int]]]] = {
         "accepted": (np.float64, []),
         "n_data": (np.int64, []),
@@ -243,6 +254,7 @@ class AusterityMH(SubsampleMetropolisBase):
         control_variate: str | None = AUTO,
         reference_point: Any = None,
         recenter: str | None = None,
+        fused: bool = True,
     ) -> None:
         self.error_tolerance = _check_error_tolerance(error_tolerance)
         super().__init__(
@@ -261,6 +273,7 @@ class AusterityMH(SubsampleMetropolisBase):
             control_variate=control_variate,
             reference_point=reference_point,
             recenter=recenter,
+            fused=fused,
         )
         self.exact = self._exact_by_design()
 
@@ -271,6 +284,12 @@ class AusterityMH(SubsampleMetropolisBase):
     def _exact_by_design(self) -> bool:
         # Tolerance 0, or a first batch of all rows: exact MH, reading every row by request.
         return self.error_tolerance == 0.0 or self.batch_size >= self.n_rows
+
+    def fused_test(self) -> tuple[int, float, CorrectionDistribution | None] | None:
+        """Return the sequential t-test with its epsilon; the exact test runs in Python."""
+        if self._exact_by_design():
+            return None
+        return (fused_kernels.AUSTERITY, self.error_tolerance, None)
 
     def _decide(
         self, log_ratio_rows: Callable[[np.ndarray], np.ndarray], log_prior_proposal_ratio: float

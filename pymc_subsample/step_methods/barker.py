@@ -11,8 +11,9 @@ from numpy.typing import ArrayLike
 from pymc.util import RandomGenerator
 from pytensor.tensor.variable import TensorVariable
 
+from pymc_subsample.kernels import fused as fused_kernels
 from pymc_subsample.kernels.barker import BarkerDecision, minibatch_barker_test
-from pymc_subsample.kernels.correction import correction_distribution
+from pymc_subsample.kernels.correction import CorrectionDistribution, correction_distribution
 from pymc_subsample.kernels.user_proposal import ProposalFunction
 from pymc_subsample.step_methods.base import SubsampleMetropolisBase, TestDecision
 from pymc_subsample.step_methods.defaults import AUTO
@@ -78,6 +79,9 @@ class MinibatchBarkerMH(SubsampleMetropolisBase):
         As for :class:`~pymc_subsample.AusterityMH`. Tuning follows :func:`barker_tune`. With
         ``proposal="langevin"`` the Barker test compares ``Delta*`` plus the log proposal
         ratio of the minibatch-gradient proposal (eq. 21-22 of Korattikara et al. 2016).
+    fused : bool, default True
+        One compiled call per draw, as for :class:`~pymc_subsample.AusterityMH`; with
+        ``error_bound`` set the draw runs in Python.
     control_variate, reference_point, recenter
         Taylor control variates around a reference point, as for
         :class:`~pymc_subsample.AusterityMH` (default ``"auto"``: ``"taylor2"`` around an
@@ -130,6 +134,7 @@ class MinibatchBarkerMH(SubsampleMetropolisBase):
     """
 
     name = "minibatch_barker_mh"
+    _decision_fields = BarkerDecision._fields
     stats_dtypes_shapes: ClassVar[dict[str, tuple[type, list[int]]]] = {
         "accepted": (np.float64, []),
         "n_data": (np.int64, []),
@@ -169,6 +174,7 @@ class MinibatchBarkerMH(SubsampleMetropolisBase):
         control_variate: str | None = AUTO,
         reference_point: Any = None,
         recenter: str | None = None,
+        fused: bool = True,
     ) -> None:
         self.error_bound = _check_error_bound(error_bound)
         self.correction = correction_distribution(1.0)
@@ -188,6 +194,7 @@ class MinibatchBarkerMH(SubsampleMetropolisBase):
             control_variate=control_variate,
             reference_point=reference_point,
             recenter=recenter,
+            fused=fused,
         )
 
     @staticmethod
@@ -197,6 +204,12 @@ class MinibatchBarkerMH(SubsampleMetropolisBase):
         # log ratio, min(1, exp(Delta*)), as Stan tunes on its own acceptance probability.
         delta_star = cast(BarkerDecision, decision).delta_star
         return float(min(1.0, np.exp(min(delta_star, 0.0))))
+
+    def fused_test(self) -> tuple[int, float, CorrectionDistribution | None] | None:
+        """Return the Barker test with its correction; with ``error_bound``, None."""
+        return (
+            None if self.error_bound is not None else (fused_kernels.BARKER, 0.0, self.correction)
+        )
 
     def _decide(
         self, log_ratio_rows: Callable[[np.ndarray], np.ndarray], log_prior_proposal_ratio: float

@@ -27,6 +27,7 @@ from pymc.util import RandomGenerator, get_random_generator, get_value_vars_from
 from pytensor.graph.basic import Variable
 from pytensor.tensor.variable import TensorVariable
 
+from pymc_subsample.kernels.correction import CorrectionDistribution
 from pymc_subsample.kernels.proposals import (
     IndependentProposal,
     LangevinProposal,
@@ -63,6 +64,7 @@ from pymc_subsample.step_methods.defaults import (
     gradient_obstacle,
 )
 from pymc_subsample.step_methods.diagnostics import ChainDiagnostics
+from pymc_subsample.step_methods.fused_path import FusedDraw, fused_obstacle, seed_fused_draws
 from pymc_subsample.step_methods.progress import make_progressbar_updaters, progressbar_config
 from pymc_subsample.step_methods.warning_relay import (
     WARNING_STAT,
@@ -241,6 +243,8 @@ class SubsampleMetropolisBase(SubsampleStepBase):
     _make_progressbar_update_functions = staticmethod(make_progressbar_updaters)
     #: Maps (scaling, acceptance over the last interval) to the new scaling during tuning.
     _tune_rule: Callable[[float, float], float] = staticmethod(tune_scaling)
+    #: The stat names of the subclass's test decision (a NamedTuple's fields).
+    _decision_fields: tuple[str, ...] = ()
     #: Default batch_size without a control variate (a subclass sets its test's own).
     _uncontrolled_batch_size = 100
 
@@ -262,6 +266,7 @@ class SubsampleMetropolisBase(SubsampleStepBase):
         control_variate: str | None = AUTO,
         reference_point: Any = None,
         recenter: str | None = None,
+        fused: bool = True,
     ) -> None:
         self.temperature = _check_temperature(temperature)
         self.tune_interval = _check_int("tune_interval", tune_interval, minimum=1)
@@ -340,12 +345,59 @@ class SubsampleMetropolisBase(SubsampleStepBase):
         self.tune = True
         self.steps_until_tune = self.tune_interval
         self.accepted_since_tune = 0
+        self._fused: FusedDraw | None = None
+        self._seed_fused = True
+        #: "fused" where each draw is one compiled call, else "python: " and why.
+        self.draw_path = self._choose_draw_path(fused)
         if batch_size is not None and self.batch_size >= self.oracles.n_rows:
             warn_user(
                 f"batch_size={self.batch_size} >= N={self.oracles.n_rows} rows: every test uses "
                 "all rows and is the exact test, without subsampling. Use a smaller batch_size "
                 "to subsample.",
             )
+
+    def _choose_draw_path(self, fused: bool) -> str:
+        """Build the fused draw where it applies, and run it once (its compilation)."""
+        if not isinstance(fused, bool):
+            raise ValueError(f"fused must be True or False, got {fused!r}.")
+        if not fused:
+            return "python: fused=False"
+        obstacle = fused_obstacle(self)
+        if obstacle is not None:
+            return f"python: {obstacle}"
+        start = self.oracles.initial_q if self.control is None else self.control.proxy.reference
+        try:
+            self._fused = FusedDraw(self)
+            self._fused.draw(np.array(start, dtype=float), self.scaling, self._decision_fields)
+        except Exception as error:
+            self._fused = None
+            return f"python: PyTensor's Numba backend could not compile the draw ({error})"
+        return "fused"
+
+    def _fused_draw(self) -> FusedDraw | None:
+        """Return the fused draw when the step uses it (built again in a worker process).
+
+        At a chain's first draw Numba's generator, which the fused draw uses, is seeded from
+        the chain's generator, so that a chain is reproducible from its seed.
+        """
+        if self.draw_path != "fused":
+            return None
+        if self._fused is None:
+            self._fused = FusedDraw(self)
+        if self._seed_fused:
+            seed_fused_draws(self.rng)
+            self._seed_fused = False
+        return self._fused
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickle without the fused draw's compiled code, which a worker loads from its cache."""
+        state = self.__dict__.copy()
+        state["_fused"] = None
+        return state
+
+    def _start_chain(self, tune: bool) -> None:
+        super()._start_chain(tune)
+        self._seed_fused = True
 
     @property
     def _adapt_mass(self) -> bool:
@@ -381,6 +433,8 @@ class SubsampleMetropolisBase(SubsampleStepBase):
                 self._proposal_cov = None if self.control is None else self.control.covariance
                 self.proposal = self._make_proposal(self._proposal_cov)
         self.diagnostics = self._make_diagnostics()
+        if self.draw_path == "fused" and (obstacle := fused_obstacle(self)) is not None:
+            self._fused, self.draw_path = None, f"python: {obstacle}"
 
     def _make_diagnostics(self) -> ChainDiagnostics:
         return ChainDiagnostics(
@@ -528,6 +582,39 @@ class SubsampleMetropolisBase(SubsampleStepBase):
         if self._start_near_reference:
             q_old = self._chain_start(q_old)
         scaling = self.scaling  # the scale this draw uses (HMC tuning updates it per draw)
+        fused_draw = self._fused_draw()
+        if fused_draw is not None:
+            q, stats = fused_draw.draw(q_old, scaling, self._decision_fields)
+        else:
+            q, stats = self._python_draw(q_old)
+        control = self.control
+        accepted = stats["accepted"]
+        self.steps_until_tune -= 1
+        self.accepted_since_tune += int(accepted)
+        stats.update(self._draw_stats())
+        stats["scaling"] = scaling
+        stats["accepted"] = float(accepted)
+        # PyMC's energy_error, H(q', p') - H(q, p): minus the estimated log acceptance ratio,
+        # whose proposal part is the kinetic energies' difference (kernels/trajectory.py).
+        stats["energy_error"] = -stats["delta_star"] if self.proposal_kind == "hmc" else math.nan
+        if self._pending_rows:
+            stats["n_data"] += self._pending_rows
+            self._pending_rows = 0
+        if control is None:
+            stats["residual_kurtosis"] = stats["reference_distance"] = math.nan
+        else:
+            distance_sq = control.distance_sq(q)
+            stats["reference_distance"] = math.sqrt(distance_sq)
+            if self.tune and self.recenter:
+                self._record_tuning_draw(q)
+            if not self.tune and distance_sq > control.limit and self._gaussian_posterior:
+                self.diagnostics.warn_far(distance_sq, control.limit)
+        if not self.tune:
+            self.diagnostics.record(stats["full_data"], stats["residual_kurtosis"], stats["n_data"])
+        return RaveledVars(q, q0.point_map_info), [stats]
+
+    def _python_draw(self, q_old: np.ndarray) -> tuple[np.ndarray, dict[str, Any]]:
+        """Make a draw in Python: the proposal, the estimator and the subclass's test."""
         q_new, log_proposal_ratio = self._propose(q_old)
         log_prior_proposal_ratio = self.oracles.log_prior_ratio(q_new, q_old) + log_proposal_ratio
         log_ratio_rows: Callable[[np.ndarray], np.ndarray]
@@ -544,31 +631,7 @@ class SubsampleMetropolisBase(SubsampleStepBase):
             self._adapt_trajectory(
                 q_new if decision.accepted else q_old, self._acceptance_statistic(decision)
             )
-        self.steps_until_tune -= 1
-        self.accepted_since_tune += int(decision.accepted)
-        q = q_new if decision.accepted else q_old
-        stats = decision._asdict()
-        stats.update(self._draw_stats())
-        stats["scaling"] = scaling
-        stats["accepted"] = float(decision.accepted)
-        # PyMC's energy_error, H(q', p') - H(q, p): minus the estimated log acceptance ratio,
-        # whose proposal part is the kinetic energies' difference (kernels/trajectory.py).
-        stats["energy_error"] = -decision.delta_star if self.proposal_kind == "hmc" else math.nan
-        if self._pending_rows:
-            stats["n_data"] += self._pending_rows
-            self._pending_rows = 0
-        if control is None:
-            stats["residual_kurtosis"] = stats["reference_distance"] = math.nan
-        else:
-            distance_sq = control.distance_sq(q)
-            stats["reference_distance"] = math.sqrt(distance_sq)
-            if self.tune and self.recenter:
-                self._record_tuning_draw(q)
-            if not self.tune and distance_sq > control.limit and self._gaussian_posterior:
-                self.diagnostics.warn_far(distance_sq, control.limit)
-        if not self.tune:
-            self.diagnostics.record(decision.full_data, stats["residual_kurtosis"], stats["n_data"])
-        return RaveledVars(q, q0.point_map_info), [stats]
+        return (q_new if decision.accepted else q_old), decision._asdict()
 
     def _chain_start(self, q: np.ndarray) -> np.ndarray:
         """Where a chain with a control variate starts: near the reference point.
@@ -691,6 +754,10 @@ class SubsampleMetropolisBase(SubsampleStepBase):
         if n_rows <= TRAJECTORY_GRADIENT_ROWS or (self.control is None and self.temperature == 1.0):
             return n_rows
         return TRAJECTORY_GRADIENT_ROWS
+
+    def fused_test(self) -> tuple[int, float, CorrectionDistribution | None] | None:
+        """Return the test as the fused draw runs it: kind, epsilon, correction; or None."""
+        return None
 
     @abstractmethod
     def _decide(

@@ -1,0 +1,367 @@
+"""The numeric parts of a fused Metropolis-Hastings draw, compiled with Numba.
+
+A fused draw (``docs/architecture.md``, "The fused draw") runs one whole draw of
+:class:`~pymc_subsample.AusterityMH` or :class:`~pymc_subsample.MinibatchBarkerMH` in one
+compiled call: the proposal, the log prior ratio, the control variate's exact sum, the rows'
+draw, their per-row terms (the model's own graph, compiled by PyTensor's Numba backend and
+called from the generated driver in ``step_methods/fused_path.py``), the running statistics of
+the stages and the test. This module holds what does not depend on the model: the proposal,
+the proxies' sum, the row sampler and the stage rule, each a small function of arrays.
+
+The algorithms are those of the Python path, stage for stage: the proposal of
+``kernels/proposals.py``, the rows of ``kernels/row_sampler.py`` (without replacement inside a
+test; the first batch is stamped only if the test reads further), the stages of
+``kernels/stages.py`` (calls of 1, 2, 4, ... stages, the rule applied at each stage boundary,
+all N rows read means the exact decision), the t-test of Korattikara et al. (2014, eqs. 4-5,
+Algorithm 1) and the Barker test of Seita et al. (eqs. 8, 13). Random numbers come from
+Numba's generator, seeded from the chain's NumPy generator at the start of every chain: a
+fused chain is reproducible for a seed, and its draws differ from the Python path's.
+"""
+
+# Numba compiles NumPy's legacy np.random functions to its own per-thread generator (it has no
+# Generator it can make cheaply per call: passing one costs 8 us of unboxing), seeded per chain.
+# ruff: noqa: NPY002
+
+from __future__ import annotations
+
+import math
+
+import numba
+import numpy as np
+
+__all__ = [
+    "AUSTERITY",
+    "BARKER",
+    "INDEPENDENT",
+    "RANDOM_WALK",
+    "RESULT_FIELDS",
+    "consume_stages",
+    "draw_rows",
+    "finish_decision",
+    "log_uniform_for",
+    "propose",
+    "proxy_difference",
+    "seed_generator",
+    "start_test",
+]
+
+#: Proposal kinds of :func:`propose`.
+RANDOM_WALK, INDEPENDENT = 0, 1
+#: Test kinds: the sequential t-test and the minibatch Barker test.
+AUSTERITY, BARKER = 0, 1
+#: The entries of a draw's result vector, in order (stat names of the steps).
+RESULT_FIELDS = (
+    "accepted",
+    "n_data",
+    "n_batches",
+    "full_data",
+    "nonfinite_proposal",
+    "delta_star",
+    "residual_kurtosis",
+    "variance",
+)
+# Indices into the stage accumulator: values seen, shift, shifted sum and sum of squares,
+# first-stage kurtosis, then the stopping stage's mean, standard error, values used, stage.
+_SEEN, _SHIFT, _TOTAL, _TOTAL_SQ, _KURTOSIS, _MEAN, _STD_ERROR, _USED, _STAGE = range(9)
+#: Length of the stage accumulator that :func:`consume_stages` fills.
+ACCUMULATOR_SIZE = 9
+# Indices into the row sampler's counters: next stamp, the test's first stamp, rows taken,
+# whether the first batch is still unstamped.
+_NEXT_STAMP, _TEST_START, _TAKEN, _UNSTAMPED = range(4)
+
+_jit = numba.njit(cache=True)
+
+
+@_jit
+def seed_generator(seed: int) -> None:
+    """Seed Numba's generator of this thread (a chain's start)."""
+    np.random.seed(seed)
+
+
+@_jit
+def propose(
+    kind: int,
+    q: np.ndarray,
+    scaling: float,
+    factor: np.ndarray,
+    inverse_factor: np.ndarray,
+    mean: np.ndarray,
+) -> tuple[np.ndarray, float]:
+    """Return ``q'`` and ``log q(q | q') - log q(q' | q)`` (``kernels/proposals.py``).
+
+    ``factor`` is the lower-triangular ``L`` of the proposal covariance (a diagonal one as a
+    diagonal matrix). Random walk: ``q + scaling L z``, ratio 0. Independent: ``mean + L z``,
+    ratio ``(|z|^2 - |L^{-1} (q - mean)|^2) / 2``.
+    """
+    d = q.size
+    noise = np.random.standard_normal(d)
+    step = np.zeros(d)
+    for i in range(d):
+        total = 0.0
+        for j in range(i + 1):
+            total += factor[i, j] * noise[j]
+        step[i] = total
+    if kind == RANDOM_WALK:
+        return q + scaling * step, 0.0
+    whitened_sq = 0.0
+    for i in range(d):
+        total = 0.0
+        for j in range(i + 1):
+            total += inverse_factor[i, j] * (q[j] - mean[j])
+        whitened_sq += total * total
+    return mean + step, 0.5 * (float(noise @ noise) - whitened_sq)
+
+
+@_jit
+def proxy_difference(
+    q_new: np.ndarray,
+    q_old: np.ndarray,
+    reference: np.ndarray,
+    gradient_sum: np.ndarray,
+    hessian_sum: np.ndarray,
+    order: int,
+) -> float:
+    """``R``: the Taylor proxies' exact total difference (``kernels/control_variates.py``)."""
+    d = q_new.size
+    total = 0.0
+    for i in range(d):
+        total += gradient_sum[i] * (q_new[i] - q_old[i])
+    if order == 2:
+        quadratic = 0.0
+        for i in range(d):
+            row = 0.0
+            for j in range(d):
+                row += hessian_sum[i, j] * (q_new[j] + q_old[j] - 2.0 * reference[j])
+            quadratic += (q_new[i] - q_old[i]) * row
+        total += 0.5 * quadratic
+    return total
+
+
+@_jit
+def log_uniform_for(test: int) -> float:
+    """``log u`` for the t-test's threshold (eq. 2), drawn before the rows; 0 for Barker."""
+    if test != AUSTERITY:
+        return 0.0
+    u = np.random.random()
+    return math.log(u) if u > 0.0 else -math.inf
+
+
+@_jit
+def start_test(counters: np.ndarray, accumulator: np.ndarray) -> None:
+    """Begin a test: every row is available again (O(1)), the statistics are empty."""
+    counters[_TEST_START] = counters[_NEXT_STAMP]
+    counters[_TAKEN] = 0
+    counters[_UNSTAMPED] = 0
+    accumulator[:] = 0.0
+    accumulator[_KURTOSIS] = math.nan
+
+
+@_jit
+def _stamp(rows: np.ndarray, stamps: np.ndarray, counters: np.ndarray) -> None:
+    for row in rows:
+        stamps[row] = counters[_NEXT_STAMP]
+        counters[_NEXT_STAMP] += 1
+
+
+@_jit
+def _draw_untaken(
+    n_rows: int, size: int, stamps: np.ndarray, counters: np.ndarray, proposals: np.ndarray
+) -> np.ndarray:
+    # Uniform proposals, a taken row rejected and drawn again: each row kept is uniform over
+    # the rows not yet taken, so the batch is a uniform sample without replacement.
+    rows = np.empty(size, dtype=np.int64)
+    start = counters[_TEST_START]
+    for k in range(size):
+        row = proposals[k] if k < proposals.size else np.random.randint(0, n_rows)
+        while stamps[row] >= start:
+            row = np.random.randint(0, n_rows)
+        stamps[row] = counters[_NEXT_STAMP]
+        counters[_NEXT_STAMP] += 1
+        rows[k] = row
+    return rows
+
+
+@_jit
+def draw_rows(
+    n_rows: int,
+    size: int,
+    stamps: np.ndarray,
+    counters: np.ndarray,
+    first: np.ndarray,
+    remaining: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Draw up to ``size`` rows not yet drawn in this test (``kernels/row_sampler.py``).
+
+    Returns the rows, the test's unstamped first batch (empty once stamped) and the shuffled
+    untaken rows (empty until the test needs more than half the rows: then listing them is
+    O(N), as the test's own cost already is).
+    """
+    taken = counters[_TAKEN]
+    size = min(size, n_rows - taken)
+    empty = np.empty(0, dtype=np.int64)
+    if taken == 0 and 2 * size <= n_rows:
+        proposals = np.random.randint(0, n_rows, size)
+        ordered = np.sort(proposals)
+        distinct = True
+        for k in range(1, size):
+            if ordered[k] == ordered[k - 1]:
+                distinct = False
+                break
+        counters[_TAKEN] = size
+        if distinct:
+            counters[_UNSTAMPED] = 1
+            return proposals, proposals, remaining
+        return _draw_untaken(n_rows, size, stamps, counters, proposals), empty, remaining
+    if counters[_UNSTAMPED] == 1:
+        _stamp(first, stamps, counters)
+        counters[_UNSTAMPED] = 0
+        first = empty
+    if remaining.size == 0 and 2 * (taken + size) > n_rows:
+        remaining = np.empty(n_rows - taken, dtype=np.int64)
+        start, k = counters[_TEST_START], 0
+        for row in range(n_rows):
+            if stamps[row] < start:
+                remaining[k] = row
+                k += 1
+        np.random.shuffle(remaining)
+    counters[_TAKEN] = taken + size
+    if remaining.size > 0:
+        offset = taken - (n_rows - remaining.size)
+        return remaining[offset : offset + size], first, remaining
+    return _draw_untaken(n_rows, size, stamps, counters, empty), first, remaining
+
+
+@_jit
+def consume_stages(
+    values: np.ndarray,
+    batch_size: int,
+    n_rows: int,
+    all_read: bool,
+    test: int,
+    threshold: float,
+    scale: float,
+    critical: np.ndarray,
+    accumulator: np.ndarray,
+) -> bool:
+    """Add one call's values stage by stage; return whether the test stops in this call.
+
+    Each stage boundary gets the statistics of ``stages.stage_statistics`` (the mean, eq. 4's
+    standard error with the finite-population correction, sums shifted by the first stage's
+    mean) and the test's rule: the t-test stops when ``|mean - threshold| / se`` exceeds
+    ``critical[stage]``, the ``1 - epsilon`` quantile of Student's t with ``n - 1`` degrees of
+    freedom (``delta < epsilon`` of Algorithm 1); Barker stops when ``(scale se)^2 < 1`` with
+    ``scale = N / T``. When the call has read all N rows (``all_read``) the test decides on
+    all of them. The first stage also gives the excess kurtosis of its values.
+    """
+    seen = int(accumulator[_SEEN])
+    if seen == 0:
+        first_size = min(batch_size, values.size)
+        shift = values[:first_size].sum() / first_size
+        accumulator[_SHIFT] = shift
+        if first_size >= 4:
+            total_sq = 0.0
+            fourth = 0.0
+            for k in range(first_size):
+                square = (values[k] - shift) ** 2
+                total_sq += square
+                fourth += square * square
+            if 0.0 < total_sq < 1e150:
+                accumulator[_KURTOSIS] = first_size * fourth / (total_sq * total_sq) - 3.0
+    shift = accumulator[_SHIFT]
+    total, total_sq = accumulator[_TOTAL], accumulator[_TOTAL_SQ]
+    stage = int(accumulator[_STAGE])
+    start = 0
+    while start < values.size:
+        end = min(start + batch_size, values.size)
+        for k in range(start, end):
+            deviation = values[k] - shift
+            total += deviation
+            total_sq += deviation * deviation
+        seen += end - start
+        stage += 1
+        start = end
+        last = start >= values.size
+        if all_read and not last:
+            continue
+        shifted_mean = total / seen
+        mean = shift + shifted_mean
+        variance = max(total_sq - total * shifted_mean, 0.0) / (seen - 1) if seen > 1 else 0.0
+        finite_population = 1.0 - (seen - 1) / (n_rows - 1) if n_rows > 1 else 0.0
+        std_error = math.sqrt(variance * finite_population / seen)
+        if seen == n_rows:
+            stop = True
+        elif test == AUSTERITY:
+            gap = abs(mean - threshold)
+            stop = gap / std_error > critical[stage - 1] if std_error > 0.0 else gap > 0.0
+        else:
+            spread = scale * std_error
+            stop = spread * spread < 1.0
+        if stop:
+            accumulator[_MEAN] = mean
+            accumulator[_STD_ERROR] = std_error
+            accumulator[_USED] = seen
+            accumulator[_STAGE] = stage
+            return True
+    accumulator[_SEEN] = seen
+    accumulator[_TOTAL] = total
+    accumulator[_TOTAL_SQ] = total_sq
+    accumulator[_STAGE] = stage
+    return False
+
+
+@_jit
+def finish_decision(
+    test: int,
+    nonfinite: bool,
+    log_prior_proposal_ratio: float,
+    log_u: float,
+    n_rows: int,
+    temperature: float,
+    accumulator: np.ndarray,
+    counters: np.ndarray,
+    correction_support: np.ndarray,
+    correction_cumulative: np.ndarray,
+    result: np.ndarray,
+) -> bool:
+    """Make the test's decision from the stopping stage and fill ``result``; return it.
+
+    The t-test accepts when the mean exceeds the threshold, or on all rows when the exact
+    log ratio exceeds ``log u`` (``kernels/austerity.py``). Barker accepts when
+    ``Delta* + X_nc + X_corr > 0`` (eq. 13), with ``X_nc ~ N(0, 1 - s^2)`` and ``X_corr`` by
+    inverse CDF from the correction table, or on all rows when ``Delta*`` plus logistic
+    noise is positive (eq. 10).
+    """
+    n_data = counters[_TAKEN]
+    result[:] = 0.0
+    result[1] = n_data
+    result[2] = accumulator[_STAGE]
+    result[6] = accumulator[_KURTOSIS]
+    result[7] = math.nan
+    if nonfinite:
+        result[4] = 1.0
+        result[5] = -math.inf
+        return False
+    mean = accumulator[_MEAN]
+    full_data = accumulator[_USED] == n_rows
+    delta_star = mean * n_rows / temperature + log_prior_proposal_ratio
+    if test == AUSTERITY:
+        if full_data:
+            accepted = delta_star > log_u
+        else:
+            accepted = mean > temperature * (log_u - log_prior_proposal_ratio) / n_rows
+    elif full_data:
+        u = np.random.random()
+        accepted = delta_star + math.log(u / (1.0 - u)) > 0.0
+        result[7] = 0.0
+    else:
+        spread = accumulator[_STD_ERROR] * n_rows / temperature
+        variance = spread * spread
+        noise = math.sqrt(1.0 - variance) * np.random.standard_normal()
+        index = np.searchsorted(correction_cumulative, np.random.random(), side="right")
+        noise += correction_support[min(int(index), correction_support.size - 1)]
+        accepted = delta_star + noise > 0.0
+        result[7] = variance
+    result[0] = 1.0 if accepted else 0.0
+    result[3] = 1.0 if full_data else 0.0
+    result[5] = delta_star
+    return accepted

@@ -1,0 +1,308 @@
+"""The fused draw: one compiled call per Metropolis-Hastings draw (``docs/architecture.md``).
+
+For the common case (a random-walk or independent proposal, the sequential t-test or the
+Barker test without its CLT bound, per-row terms that PyTensor's Numba backend compiles) a
+draw of :class:`~pymc_subsample.AusterityMH` or :class:`~pymc_subsample.MinibatchBarkerMH`
+runs as one Numba function: the proposal, the prior ratio, the control variate's exact sum,
+the stages (rows drawn, gathered from the user's arrays, their per-row terms from the model's
+own graph, running statistics, the rule) and the decision. Only the driver that calls the
+model's compiled functions is generated per model: its source names the data arrays and the
+shared variables those functions read, and it is cached on disk with PyTensor's Numba cache
+under a key made of theirs and this package's kernel source. The numeric parts are in
+``kernels/fused.py``.
+
+Where a draw cannot be fused, :func:`fused_obstacle` says why and the step runs its Python
+path (``SubsampleMetropolisBase.astep``); the step's ``draw_path`` attribute says which.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import math
+from collections.abc import Callable
+from functools import cache
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from scipy.special import stdtrit
+
+from pymc_subsample.kernels import fused
+from pymc_subsample.kernels.proposals import IndependentProposal, RandomWalkProposal
+from pymc_subsample.model.compiled import NumbaKernel
+
+if TYPE_CHECKING:
+    from pymc_subsample.step_methods.base import SubsampleMetropolisBase
+
+__all__ = ["FusedDraw", "fused_obstacle", "seed_fused_draws"]
+
+#: Bump when the generated driver's source changes (the key of its disk cache includes it).
+DRIVER_VERSION = 1
+
+
+def fused_obstacle(step: SubsampleMetropolisBase) -> str | None:
+    """Why ``step``'s draws cannot run as one compiled call; None if they can."""
+    if not isinstance(step.proposal, RandomWalkProposal | IndependentProposal):
+        return f"the {step.proposal_kind} proposal runs in Python"
+    if not step.oracles.rows_depend_on_q:
+        return "no row of the likelihood depends on the step's variables"
+    test = step.fused_test()
+    if test is None:
+        return "this test's settings run in Python"
+    return None
+
+
+class FusedDraw:
+    """One step's compiled draw: ``draw(q_old, scaling, fields) -> (q, stats)``.
+
+    Parameters
+    ----------
+    step : SubsampleMetropolisBase
+        The step whose proposal, control variate, test and rows the draw uses; it must have
+        no :func:`fused_obstacle`. What the step changes between draws (the proposal after
+        re-centring, the control variate and the row sampler after ``pm.set_data``) is read
+        again when it changes; the scale is an argument of every draw.
+
+    Raises
+    ------
+    RuntimeError
+        If PyTensor's Numba backend cannot compile the model's functions.
+    """
+
+    def __init__(self, step: SubsampleMetropolisBase) -> None:
+        self._step = step
+        self._key: tuple[Any, ...] = ()
+        self._driver: Callable[..., Any] | None = None
+        self._driver_key: tuple[Any, ...] = ()
+        self._fixed: tuple[Any, ...] = ()
+        self.result = np.zeros(len(fused.RESULT_FIELDS))
+        self._refresh()
+
+    def draw(
+        self, q_old: np.ndarray, scaling: float, fields: tuple[str, ...]
+    ) -> tuple[np.ndarray, dict[str, Any]]:
+        """Make one draw from ``q_old``; return the chain's next point and the test's stats.
+
+        ``fields`` are the stat names of the step's test; one the fused draw does not compute
+        (Barker's ``clt_error``, which needs ``error_bound``) is NaN.
+        """
+        step = self._step
+        if self._key != self._current_key():
+            self._refresh()
+        assert self._driver is not None
+        q = self._driver(
+            q_old,
+            float(scaling),
+            *self._fixed,
+            self.result,
+            *step.oracles.row_arrays(),
+            *self._prior.implicit_values(),
+            *self._rows.implicit_values(),
+        )
+        values = dict(zip(fused.RESULT_FIELDS, self.result.tolist(), strict=True))
+        stats: dict[str, Any] = {}
+        for name in fields:
+            value = values.get(name, math.nan)
+            if name in _BOOLEAN:
+                value = bool(value)
+            elif name in _INTEGER:
+                value = int(value)
+            stats[name] = value
+        return q, stats
+
+    def _current_key(self) -> tuple[Any, ...]:
+        step = self._step
+        control = step.control
+        proxy = None if control is None else control.proxy
+        return (step.proposal, proxy, step.row_sampler, step.oracles.proxy_order)
+
+    def _refresh(self) -> None:
+        """Read the step's proposal, control variate and rows (again)."""
+        step = self._step
+        oracles = step.oracles
+        control = step.control
+        self._key = self._current_key()
+        driver_key = (control is None, oracles.proxy_order)
+        if self._driver is None or driver_key != self._driver_key:
+            self._prior, self._rows = oracles.numba_kernels()
+            self._driver = _driver(
+                n_data=len(oracles.row_arrays()),
+                n_prior_shared=len(self._prior.implicit),
+                n_row_shared=len(self._rows.implicit),
+                with_reference=control is not None,
+                prior=self._prior,
+                rows=self._rows,
+            )
+            self._driver_key = driver_key
+        n_params = oracles.n_params
+        proposal = step.proposal
+        assert isinstance(proposal, RandomWalkProposal | IndependentProposal)
+        factor = _as_matrix(proposal.chol_factor)
+        if isinstance(proposal, IndependentProposal):
+            kind, mean = fused.INDEPENDENT, proposal.mean
+            inverse = _as_matrix(proposal._inverse_factor)
+        else:
+            kind, mean, inverse = fused.RANDOM_WALK, np.zeros(n_params), np.eye(n_params)
+        if control is None:
+            order, reference = 0, np.zeros(n_params)
+            gradient_sum, hessian_sum = np.zeros(n_params), np.zeros((n_params, n_params))
+        else:
+            proxy = control.proxy
+            order, reference = proxy.order, proxy.reference
+            gradient_sum, hessian_sum = proxy.gradient_sum, proxy.hessian_sum
+        sampler = step.row_sampler
+        test = step.fused_test()
+        assert test is not None
+        test_kind, error_tolerance, correction = test
+        n_rows, batch_size = oracles.n_rows, step.batch_size
+        critical = (
+            _critical_values(n_rows, batch_size, error_tolerance)
+            if test_kind == fused.AUSTERITY
+            else np.zeros(1)
+        )
+        support, cumulative = (
+            (np.zeros(1), np.ones(1))
+            if correction is None
+            else (correction.support, correction.cumulative)
+        )
+        self._fixed = (
+            kind,
+            factor,
+            inverse,
+            np.asarray(mean, dtype=np.float64),
+            float(step.temperature),
+            order,
+            np.asarray(reference, dtype=np.float64),
+            np.asarray(gradient_sum, dtype=np.float64),
+            np.ascontiguousarray(hessian_sum, dtype=np.float64),
+            n_rows,
+            batch_size,
+            test_kind,
+            critical,
+            np.asarray(support, dtype=np.float64),
+            np.asarray(cumulative, dtype=np.float64),
+            sampler.stamps,
+            sampler.counters,
+            np.zeros(fused.ACCUMULATOR_SIZE),
+        )
+
+
+_BOOLEAN = frozenset({"full_data", "nonfinite_proposal"})
+_INTEGER = frozenset({"n_data", "n_batches"})
+
+
+def seed_fused_draws(rng: np.random.Generator) -> None:
+    """Seed Numba's generator, which fused draws use, from a chain's generator."""
+    fused.seed_generator(int(rng.integers(2**32)))
+
+
+def _as_matrix(factor: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(np.diag(factor) if factor.ndim == 1 else factor, dtype=np.float64)
+
+
+def _critical_values(n_rows: int, batch_size: int, error_tolerance: float) -> np.ndarray:
+    """``t_{n-1}`` quantiles ``1 - epsilon`` at every stage boundary (Algorithm 1, line 8).
+
+    ``stdtr(n - 1, -|t|) < epsilon`` holds exactly when ``|t|`` exceeds this quantile; one
+    value per stage of ``batch_size`` rows, O(N / batch_size) once per step.
+    """
+    n_stages = -(-n_rows // batch_size)
+    n_values = np.minimum(np.arange(1, n_stages + 1) * batch_size, n_rows)
+    with np.errstate(all="ignore"):
+        values = stdtrit(np.maximum(n_values - 1, 1).astype(float), 1.0 - error_tolerance)
+    return np.asarray(values, dtype=np.float64)
+
+
+_DRIVER_TEMPLATE = """
+def fused_draw(
+    q_old, scaling, kind, factor, inverse_factor, mean, temperature, order, reference,
+    gradient_sum, hessian_sum, n_rows, batch_size, test, critical, correction_support,
+    correction_cumulative, stamps, counters, accumulator, result{data_args}{prior_args}{row_args}
+):
+    q_new, log_ratio = propose(kind, q_old, scaling, factor, inverse_factor, mean)
+    log_ratio += prior_ratio(q_new, q_old{prior_args})[0].item()
+    if order > 0:
+        log_ratio += proxy_difference(
+            q_new, q_old, reference, gradient_sum, hessian_sum, order
+        ) / temperature
+    log_u = log_uniform_for(test)
+    start_test(counters, accumulator)
+    nonfinite = not np.isfinite(log_ratio)
+    if not nonfinite:
+        threshold = temperature * (log_u - log_ratio) / n_rows
+        scale = n_rows / temperature
+        first = np.empty(0, dtype=np.int64)
+        remaining = np.empty(0, dtype=np.int64)
+        size = batch_size
+        while True:
+            rows, first, remaining = draw_rows(n_rows, size, stamps, counters, first, remaining)
+            values = row_terms(q_new, q_old{reference_arg}{gathered}{row_args})[0]
+            if not np.isfinite(values.sum()):
+                nonfinite = True
+                accumulator[8] += 1
+                break
+            all_read = counters[2] == n_rows
+            if consume_stages(
+                values, batch_size, n_rows, all_read, test, threshold, scale, critical,
+                accumulator,
+            ):
+                break
+            size *= 2
+    accepted = finish_decision(
+        test, nonfinite, log_ratio, log_u, n_rows, temperature, accumulator, counters,
+        correction_support, correction_cumulative, result,
+    )
+    return q_new if accepted else q_old
+"""
+
+
+def _driver(
+    *,
+    n_data: int,
+    n_prior_shared: int,
+    n_row_shared: int,
+    with_reference: bool,
+    prior: NumbaKernel,
+    rows: NumbaKernel,
+) -> Callable[..., Any]:
+    """Generate, compile (or load from PyTensor's Numba cache) the model's draw driver."""
+    from pytensor.link.numba.cache import compile_numba_function_src
+    from pytensor.link.numba.dispatch.basic import numba_njit
+
+    data_names = [f"data_{k}" for k in range(n_data)]
+    prior_names = [f"prior_shared_{k}" for k in range(n_prior_shared)]
+    row_names = [f"row_shared_{k}" for k in range(n_row_shared)]
+
+    def arguments(names: list[str]) -> str:
+        return "".join(f", {name}" for name in names)
+
+    source = _DRIVER_TEMPLATE.format(
+        data_args=arguments(data_names),
+        prior_args=arguments(prior_names),
+        row_args=arguments(row_names),
+        reference_arg=", reference" if with_reference else "",
+        gathered="".join(f", {name}[rows]" for name in data_names),
+    )
+    cache_key = None
+    if prior.cache_key is not None and rows.cache_key is not None:
+        digest = hashlib.sha256(
+            "\n".join([source, _kernel_source(), prior.cache_key, rows.cache_key]).encode()
+        ).hexdigest()
+        cache_key = f"pymc_subsample_fused_draw_{DRIVER_VERSION}_{digest}"
+    environment = {
+        # Numba's cache rebuilds a function's environment by importing its module by name.
+        "__name__": __name__,
+        "np": np,
+        "prior_ratio": prior.function,
+        "row_terms": rows.function,
+        **{name: getattr(fused, name) for name in fused.__all__},
+        "consume_stages": fused.consume_stages,
+    }
+    function = compile_numba_function_src(source, "fused_draw", environment, cache_key=cache_key)
+    return numba_njit(function, cache=cache_key is not None, final_function=True, fastmath=False)
+
+
+@cache
+def _kernel_source() -> str:
+    """Return the source of ``kernels/fused.py``, part of the driver's cache key."""
+    return inspect.getsource(fused)
