@@ -36,6 +36,7 @@ __all__ = [
     "RANDOM_WALK",
     "RESULT_FIELDS",
     "consume_stages",
+    "distance_sq",
     "draw_rows",
     "finish_decision",
     "log_uniform_for",
@@ -59,6 +60,7 @@ RESULT_FIELDS = (
     "delta_star",
     "residual_kurtosis",
     "variance",
+    "distance_sq",
 )
 # Indices into the stage accumulator: values seen, shift, shifted sum and sum of squares,
 # first-stage kurtosis, then the stopping stage's mean, standard error, values used, stage.
@@ -138,6 +140,19 @@ def proxy_difference(
 
 
 @_jit
+def distance_sq(q: np.ndarray, reference: np.ndarray, precision: np.ndarray) -> float:
+    """``(q - q*)^T P (q - q*)``, the control variate's ``reference_distance`` squared."""
+    d = q.size
+    total = 0.0
+    for i in range(d):
+        row = 0.0
+        for j in range(d):
+            row += precision[i, j] * (q[j] - reference[j])
+        total += (q[i] - reference[i]) * row
+    return total
+
+
+@_jit
 def log_uniform_for(test: int) -> float:
     """``log u`` for the t-test's threshold (eq. 2), drawn before the rows; 0 for Barker."""
     if test != AUSTERITY:
@@ -182,6 +197,28 @@ def _draw_untaken(
 
 
 @_jit
+def _distinct(rows: np.ndarray) -> bool:
+    """Whether no row repeats: a hash set of twice the batch's size, O(b), no O(N) memory.
+
+    The rows are uniform draws, so their low bits index the table evenly (linear probing).
+    Numba's sort of a 100-row batch cost 2.4 us, a third of the residuals' own cost.
+    """
+    capacity = 1
+    while capacity < 2 * rows.size:
+        capacity *= 2
+    table = np.full(capacity, -1, dtype=np.int64)
+    mask = capacity - 1
+    for row in rows:
+        slot = row & mask
+        while table[slot] != -1:
+            if table[slot] == row:
+                return False
+            slot = (slot + 1) & mask
+        table[slot] = row
+    return True
+
+
+@_jit
 def draw_rows(
     n_rows: int,
     size: int,
@@ -201,14 +238,8 @@ def draw_rows(
     empty = np.empty(0, dtype=np.int64)
     if taken == 0 and 2 * size <= n_rows:
         proposals = np.random.randint(0, n_rows, size)
-        ordered = np.sort(proposals)
-        distinct = True
-        for k in range(1, size):
-            if ordered[k] == ordered[k - 1]:
-                distinct = False
-                break
         counters[_TAKEN] = size
-        if distinct:
+        if _distinct(proposals):
             counters[_UNSTAMPED] = 1
             return proposals, proposals, remaining
         return _draw_untaken(n_rows, size, stamps, counters, proposals), empty, remaining
@@ -332,7 +363,7 @@ def finish_decision(
     noise is positive (eq. 10).
     """
     n_data = counters[_TAKEN]
-    result[:] = 0.0
+    result[:8] = 0.0  # the test's entries; distance_sq and what follows are the driver's
     result[1] = n_data
     result[2] = accumulator[_STAGE]
     result[6] = accumulator[_KURTOSIS]

@@ -585,8 +585,10 @@ class SubsampleMetropolisBase(SubsampleStepBase):
         fused_draw = self._fused_draw()
         if fused_draw is not None:
             q, stats = fused_draw.draw(q_old, scaling, self._decision_fields)
+            distance_sq = stats.pop("distance_sq")
         else:
             q, stats = self._python_draw(q_old)
+            distance_sq = None
         control = self.control
         accepted = stats["accepted"]
         self.steps_until_tune -= 1
@@ -603,7 +605,8 @@ class SubsampleMetropolisBase(SubsampleStepBase):
         if control is None:
             stats["residual_kurtosis"] = stats["reference_distance"] = math.nan
         else:
-            distance_sq = control.distance_sq(q)
+            if distance_sq is None:
+                distance_sq = control.distance_sq(q)
             stats["reference_distance"] = math.sqrt(distance_sq)
             if self.tune and self.recenter:
                 self._record_tuning_draw(q)

@@ -75,7 +75,10 @@ class FusedDraw:
         self._driver: Callable[..., Any] | None = None
         self._driver_key: tuple[Any, ...] = ()
         self._fixed: tuple[Any, ...] = ()
-        self.result = np.zeros(len(fused.RESULT_FIELDS))
+        #: The draw's result vector (``kernels/fused.RESULT_FIELDS``) and a NaN after it.
+        self.result = np.zeros(len(fused.RESULT_FIELDS) + 1)
+        self.result[-1] = math.nan
+        self._layouts: dict[tuple[str, ...], list[tuple[str, int, Callable[[float], Any]]]] = {}
         self._refresh()
 
     def draw(
@@ -99,15 +102,11 @@ class FusedDraw:
             *self._prior.implicit_values(),
             *self._rows.implicit_values(),
         )
-        values = dict(zip(fused.RESULT_FIELDS, self.result.tolist(), strict=True))
-        stats: dict[str, Any] = {}
-        for name in fields:
-            value = values.get(name, math.nan)
-            if name in _BOOLEAN:
-                value = bool(value)
-            elif name in _INTEGER:
-                value = int(value)
-            stats[name] = value
+        values = self.result.tolist()
+        layout = self._layouts.get(fields)
+        if layout is None:
+            layout = self._layouts[fields] = _stats_layout(fields)
+        stats = {name: convert(values[index]) for name, index, convert in layout}
         return q, stats
 
     def _current_key(self) -> tuple[Any, ...]:
@@ -146,10 +145,12 @@ class FusedDraw:
         if control is None:
             order, reference = 0, np.zeros(n_params)
             gradient_sum, hessian_sum = np.zeros(n_params), np.zeros((n_params, n_params))
+            precision = np.zeros((n_params, n_params))
         else:
             proxy = control.proxy
             order, reference = proxy.order, proxy.reference
             gradient_sum, hessian_sum = proxy.gradient_sum, proxy.hessian_sum
+            precision = control.precision
         sampler = step.row_sampler
         test = step.fused_test()
         assert test is not None
@@ -175,6 +176,7 @@ class FusedDraw:
             np.asarray(reference, dtype=np.float64),
             np.asarray(gradient_sum, dtype=np.float64),
             np.ascontiguousarray(hessian_sum, dtype=np.float64),
+            np.ascontiguousarray(precision, dtype=np.float64),
             n_rows,
             batch_size,
             test_kind,
@@ -189,6 +191,20 @@ class FusedDraw:
 
 _BOOLEAN = frozenset({"full_data", "nonfinite_proposal"})
 _INTEGER = frozenset({"n_data", "n_batches"})
+#: Where the result vector has no entry for a stat (Barker's ``clt_error``): NaN.
+_MISSING = len(fused.RESULT_FIELDS)
+
+
+def _stats_layout(fields: tuple[str, ...]) -> list[tuple[str, int, Callable[[float], Any]]]:
+    """Return, per stat name, its index in the result vector (plus a NaN) and its type."""
+    layout: list[tuple[str, int, Callable[[float], Any]]] = []
+    for name in (*fields, "distance_sq"):
+        index = fused.RESULT_FIELDS.index(name) if name in fused.RESULT_FIELDS else _MISSING
+        convert: Callable[[float], Any] = (
+            bool if name in _BOOLEAN else int if name in _INTEGER else float
+        )
+        layout.append((name, index, convert))
+    return layout
 
 
 def seed_fused_draws(rng: np.random.Generator) -> None:
@@ -216,7 +232,7 @@ def _critical_values(n_rows: int, batch_size: int, error_tolerance: float) -> np
 _DRIVER_TEMPLATE = """
 def fused_draw(
     q_old, scaling, kind, factor, inverse_factor, mean, temperature, order, reference,
-    gradient_sum, hessian_sum, n_rows, batch_size, test, critical, correction_support,
+    gradient_sum, hessian_sum, precision, n_rows, batch_size, test, critical, correction_support,
     correction_cumulative, stamps, counters, accumulator, result{data_args}{prior_args}{row_args}
 ):
     q_new, log_ratio = propose(kind, q_old, scaling, factor, inverse_factor, mean)
@@ -252,7 +268,9 @@ def fused_draw(
         test, nonfinite, log_ratio, log_u, n_rows, temperature, accumulator, counters,
         correction_support, correction_cumulative, result,
     )
-    return q_new if accepted else q_old
+    q_next = q_new if accepted else q_old
+    result[8] = distance_sq(q_next, reference, precision) if order > 0 else np.nan
+    return q_next
 """
 
 
@@ -296,7 +314,6 @@ def _driver(
         "prior_ratio": prior.function,
         "row_terms": rows.function,
         **{name: getattr(fused, name) for name in fused.__all__},
-        "consume_stages": fused.consume_stages,
     }
     function = compile_numba_function_src(source, "fused_draw", environment, cache_key=cache_key)
     return numba_njit(function, cache=cache_key is not None, final_function=True, fastmath=False)
