@@ -114,6 +114,8 @@ def run_one(posterior: str, config: Config) -> dict[str, Any]:
             result["phase"] = "step setup"
             step_class = getattr(pms, config.step)
             step = step_class(lik, **kwargs)
+            result["proposal"] = step.proposal_kind
+            result["draw_path"] = step.draw_path
             if hyper:
                 batch_size = config.step_kwargs.get("batch_size", 100)
                 step = [step, step_class(hyper, batch_size=batch_size)]
@@ -290,8 +292,9 @@ def markdown(runs: list[dict[str, Any]], total_s: float) -> str:
     """The results table, one row per (model, configuration)."""
     head = (
         "| model | kind | N | configuration | verdict | max abs mean err / sd "
-        "| max err / MCSE | sd ratio | min ESS | rows / draw | wall (s) | message |\n"
-        "|---|---|---|---|---|---|---|---|---|---|---|---|"
+        "| max err / MCSE | sd ratio | min ESS | rows / draw | proposal, draw "
+        "| wall (s) | message |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
     )
     lines = [head] + [table_row(r) for r in runs]
     lines.append(f"\nTotal wall time {total_s:.0f} s.")
@@ -312,6 +315,10 @@ def table_row(r: dict[str, Any]) -> str:
         ]
     else:
         cells += [""] * 5
+    path = r.get("draw_path", "")
+    cells.append(
+        f"{r.get('proposal', '')}, {'fused' if path == 'fused' else 'python'}" if path else ""
+    )
     cells += [f"{r.get('wall_s', '')}", message]
     return "| " + " | ".join(cells) + " |"
 
