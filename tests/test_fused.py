@@ -265,3 +265,39 @@ def test_fused_and_python_paths_agree_on_a_logistic_regression():
     assert np.all(np.abs(means[True] - means[False]) < 5 * combined)
     rows = [float(runs[key].sample_stats["n_data"].mean()) for key in (True, False)]
     assert rows[0] == pytest.approx(rows[1], rel=0.3)
+
+
+def test_fused_draw_reads_the_re_centred_control_variate():
+    # recenter="tune" replaces the proxy at the end of tuning (the proposal, given here, stays):
+    # the fused draw must read it. Started 3 sds off, a stale reference would leave the draws'
+    # reference_distance (computed in the compiled draw) near sqrt(9 d + d) = 5.5; re-centred
+    # it is about sqrt(d) = 1.7. Before reading the new state by identity, the first draw
+    # after tuning compared the old proxy with the new by value and raised.
+    rng = np.random.default_rng(14)
+    X = rng.normal(size=(3000, 3))
+    y = X @ np.array([1.0, -2.0, 0.5]) + rng.normal(size=3000)
+    precision = X.T @ X + np.eye(3) / 100
+    mean = np.linalg.solve(precision, X.T @ y)
+    sd = np.sqrt(np.diag(np.linalg.inv(precision)))
+    with pm.Model():
+        beta = pm.Normal("beta", 0.0, 10.0, shape=3)
+        pm.Normal("y", X @ beta, 1.0, observed=y)
+        step = pms.AusterityMH(
+            control_variate="taylor2",
+            reference_point={"beta": mean + 3 * sd},
+            recenter="tune",
+            proposal="random_walk",
+            proposal_cov=sd**2,
+        )
+        assert step.draw_path == "fused"
+        idata = pm.sample(
+            draws=300,
+            tune=400,
+            chains=1,
+            step=step,
+            random_seed=15,
+            progressbar=False,
+            compute_convergence_checks=False,
+        )
+    distance = idata.sample_stats["reference_distance"].values[0]
+    assert np.mean(distance) < 3.0

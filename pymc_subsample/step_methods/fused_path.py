@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import inspect
 import math
+import operator
 from collections.abc import Callable
 from functools import cache
 from typing import TYPE_CHECKING, Any
@@ -90,7 +91,7 @@ class FusedDraw:
         (Barker's ``clt_error``, which needs ``error_bound``) is NaN.
         """
         step = self._step
-        if self._key != self._current_key():
+        if not all(map(operator.is_, self._key, self._current_key())):
             self._refresh()
         assert self._driver is not None
         q = self._driver(
@@ -110,6 +111,7 @@ class FusedDraw:
         return q, stats
 
     def _current_key(self) -> tuple[Any, ...]:
+        # Compared by identity: a new proposal, proxy or row sampler is new state to read.
         step = self._step
         control = step.control
         proxy = None if control is None else control.proxy
