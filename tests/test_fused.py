@@ -227,6 +227,11 @@ def test_draw_path_names_why_a_draw_runs_in_python():
         assert "langevin" in pms.AusterityMH(proposal="langevin").draw_path
         assert pms.AusterityMH(error_tolerance=0).draw_path.startswith("python: ")
         assert pms.MinibatchBarkerMH(error_bound=0.5).draw_path.startswith("python: ")
+        assert repr(pms.AusterityMH(proposal="langevin", batch_size=50)) == (
+            "AusterityMH(vars=[mu], proposal='langevin', control_variate='taylor2', "
+            "batch_size=50, temperature=1, draw_path='python: the langevin proposal runs in "
+            "Python')"
+        )
         with pytest.raises(ValueError, match="fused must be True or False"):
             pms.AusterityMH(fused="yes")
 

@@ -389,6 +389,15 @@ class SubsampleMetropolisBase(SubsampleStepBase):
             self._seed_fused = False
         return self._fused
 
+    def __repr__(self) -> str:
+        """Describe the step as its defaults resolved: proposal, estimator, batch, draw path."""
+        names = ", ".join(str(var.name) for var in self.vars)
+        return (
+            f"{type(self).__name__}(vars=[{names}], proposal={self.proposal_kind!r}, "
+            f"control_variate={self.control_variate!r}, batch_size={self.batch_size}, "
+            f"temperature={self.temperature:g}, draw_path={self.draw_path!r})"
+        )
+
     def __getstate__(self) -> dict[str, Any]:
         """Pickle without the fused draw's compiled code, which a worker loads from its cache."""
         state = self.__dict__.copy()
