@@ -306,3 +306,31 @@ def test_fused_draw_reads_the_re_centred_control_variate():
         )
     distance = idata.sample_stats["reference_distance"].values[0]
     assert np.mean(distance) < 3.0
+
+
+@pytest.mark.filterwarnings("ignore:Draws after tuning read")
+def test_fused_draw_reads_only_the_rows_its_test_uses():
+    # One compiled call per stage: n_data is min(n_batches * batch_size, N) for every draw (the
+    # Python path groups stages into calls of 1, 2, 4 and reads up to twice that). Tempered,
+    # without a control variate, so that many draws need several stages.
+    x = np.random.default_rng(16).normal(1.0, 1.0, size=5_000)
+    with pm.Model():
+        mu = pm.Normal("mu", 0.0, 10.0)
+        pm.Normal("x", mu, 1.0, observed=x)
+        step = pms.MinibatchBarkerMH(
+            control_variate=None, temperature=50.0, proposal="random_walk", batch_size=50
+        )
+        assert step.draw_path == "fused"
+        idata = pm.sample(
+            draws=400,
+            tune=200,
+            chains=1,
+            step=step,
+            random_seed=17,
+            progressbar=False,
+            compute_convergence_checks=False,
+        )
+    stats = idata.sample_stats
+    n_data, n_batches = stats["n_data"].values[0], stats["n_batches"].values[0]
+    assert np.mean(n_batches > 2) > 0.1
+    np.testing.assert_array_equal(n_data, np.minimum(n_batches * 50, 5_000))

@@ -11,9 +11,11 @@ the proxies' sum, the row sampler and the stage rule, each a small function of a
 The algorithms are those of the Python path, stage for stage: the proposal of
 ``kernels/proposals.py``, the rows of ``kernels/row_sampler.py`` (without replacement inside a
 test; the first batch is stamped only if the test reads further), the stages of
-``kernels/stages.py`` (calls of 1, 2, 4, ... stages, the rule applied at each stage boundary,
-all N rows read means the exact decision), the t-test of Korattikara et al. (2014, eqs. 4-5,
-Algorithm 1) and the Barker test of Seita et al. (eqs. 8, 13). Random numbers come from
+``kernels/stages.py`` (the rule applied at each stage boundary, all N rows read means the exact
+decision; the driver makes one call per stage, which costs no Python here, so the rows
+evaluated are the rows the test used, where the Python path groups stages into calls of 1, 2,
+4, ... and evaluates up to twice the rows it uses), the t-test of Korattikara et al. (2014,
+eqs. 4-5, Algorithm 1) and the Barker test of Seita et al. (eqs. 8, 13). Random numbers come from
 Numba's generator, seeded from the chain's NumPy generator at the start of every chain: a
 fused chain is reproducible for a seed, and its draws differ from the Python path's.
 """

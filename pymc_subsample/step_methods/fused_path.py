@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 __all__ = ["FusedDraw", "fused_obstacle", "seed_fused_draws"]
 
 #: Bump when the generated driver's source changes (the key of its disk cache includes it).
-DRIVER_VERSION = 1
+DRIVER_VERSION = 2
 
 
 def fused_obstacle(step: SubsampleMetropolisBase) -> str | None:
@@ -251,9 +251,10 @@ def fused_draw(
         scale = n_rows / temperature
         first = np.empty(0, dtype=np.int64)
         remaining = np.empty(0, dtype=np.int64)
-        size = batch_size
-        while True:
-            rows, first, remaining = draw_rows(n_rows, size, stamps, counters, first, remaining)
+        while True:  # one stage per call: the rows evaluated are the rows the test used
+            rows, first, remaining = draw_rows(
+                n_rows, batch_size, stamps, counters, first, remaining
+            )
             values = row_terms(q_new, q_old{reference_arg}{gathered}{row_args})[0]
             if not np.isfinite(values.sum()):
                 nonfinite = True
@@ -265,7 +266,6 @@ def fused_draw(
                 accumulator,
             ):
                 break
-            size *= 2
     accepted = finish_decision(
         test, nonfinite, log_ratio, log_u, n_rows, temperature, accumulator, counters,
         correction_support, correction_cumulative, result,
