@@ -18,7 +18,7 @@ from typing import Any, Protocol
 import numpy as np
 import pymc as pm
 from numpy.typing import ArrayLike
-from pymc.blocking import PointType, RaveledVars, StatsType
+from pymc.blocking import DictToArrayBijection, PointType, RaveledVars, StatsType
 from pymc.step_methods.arraystep import ArrayStepShared
 from pymc.step_methods.compound import Competence, StepMethodState
 from pymc.step_methods.metropolis import tune as tune_scaling
@@ -199,10 +199,34 @@ class SubsampleStepBase(ArrayStepShared):
         self._start_chain(tune=True)
 
     def step(self, point: PointType) -> tuple[PointType, StatsType]:
-        """Take a step; the ``warning`` stat carries a worker process's warnings to the parent."""
-        point, stats = super().step(point)
+        """Take a step; the ``warning`` stat carries a worker process's warnings to the parent.
+
+        The same mapping as PyMC's ``ArrayStepShared.step`` (``DictToArrayBijection``), made
+        cheaper for the draw it wraps (about 3 us of a 30 us draw): a single variable is
+        raveled without a copy and the new point's arrays are views of the step's result
+        (cast only where the variable's dtype differs). Nothing here or in ``astep`` writes
+        into the arrays it is given.
+        """
+        own = point
+        if self.shared:
+            for name, shared_var in self.shared.items():
+                shared_var.set_value(point[name], borrow=True)
+            own = {name: point[name] for name in self.var_names}
+        if len(own) == 1:
+            ((name, value),) = own.items()
+            value = np.asarray(value)
+            q = RaveledVars(value.ravel(), ((name, value.shape, value.size, value.dtype),))
+        else:
+            q = DictToArrayBijection.map(own)
+        moved, stats = self.astep(q)
+        new_point = point.copy() if self.shared else {}
+        data, start = moved.data, 0
+        for name, shape, size, dtype in moved.point_map_info:
+            value = data[start : start + size].reshape(shape)
+            new_point[name] = value if value.dtype == dtype else value.astype(dtype)
+            start += size
         stats[0]["warning"] = relayed_warnings()
-        return point, stats
+        return new_point, stats
 
     def _sync_data(self) -> None:
         if self.oracles.refresh_data():

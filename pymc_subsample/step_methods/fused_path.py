@@ -79,7 +79,9 @@ class FusedDraw:
         #: The draw's result vector (``kernels/fused.RESULT_FIELDS``) and a NaN after it.
         self.result = np.zeros(len(fused.RESULT_FIELDS) + 1)
         self.result[-1] = math.nan
-        self._layouts: dict[tuple[str, ...], list[tuple[str, int, Callable[[float], Any]]]] = {}
+        self._layouts: dict[tuple[str, ...], _StatsLayout] = {}
+        self._arguments: tuple[Any, ...] = ()
+        self._implicit = False
         self._refresh()
 
     def draw(
@@ -90,25 +92,18 @@ class FusedDraw:
         ``fields`` are the stat names of the step's test; one the fused draw does not compute
         (Barker's ``clt_error``, which needs ``error_bound``) is NaN.
         """
-        step = self._step
         if not all(map(operator.is_, self._key, self._current_key())):
             self._refresh()
         assert self._driver is not None
-        q = self._driver(
-            q_old,
-            float(scaling),
-            *self._fixed,
-            self.result,
-            *step.oracles.row_arrays(),
-            *self._prior.implicit_values(),
-            *self._rows.implicit_values(),
-        )
-        values = self.result.tolist()
+        if self._implicit:  # shared values the model's functions read (a compound step's)
+            implicit = (*self._prior.implicit_values(), *self._rows.implicit_values())
+            q = self._driver(q_old, float(scaling), *self._arguments, *implicit)
+        else:
+            q = self._driver(q_old, float(scaling), *self._arguments)
         layout = self._layouts.get(fields)
         if layout is None:
-            layout = self._layouts[fields] = _stats_layout(fields)
-        stats = {name: convert(values[index]) for name, index, convert in layout}
-        return q, stats
+            layout = self._layouts[fields] = _StatsLayout(fields)
+        return q, layout.read(self.result)
 
     def _current_key(self) -> tuple[Any, ...]:
         # Compared by identity: a new proposal, proxy or row sampler is new state to read.
@@ -189,6 +184,10 @@ class FusedDraw:
             sampler.counters,
             np.zeros(fused.ACCUMULATOR_SIZE),
         )
+        # The data arrays are read once here: new data (pm.set_data) makes a new row sampler,
+        # which a draw notices by its key.
+        self._arguments = (*self._fixed, self.result, *oracles.row_arrays())
+        self._implicit = bool(self._prior.implicit or self._rows.implicit)
 
 
 _BOOLEAN = frozenset({"full_data", "nonfinite_proposal"})
@@ -197,16 +196,32 @@ _INTEGER = frozenset({"n_data", "n_batches"})
 _MISSING = len(fused.RESULT_FIELDS)
 
 
-def _stats_layout(fields: tuple[str, ...]) -> list[tuple[str, int, Callable[[float], Any]]]:
-    """Return, per stat name, its index in the result vector (plus a NaN) and its type."""
-    layout: list[tuple[str, int, Callable[[float], Any]]] = []
-    for name in (*fields, "distance_sq"):
-        index = fused.RESULT_FIELDS.index(name) if name in fused.RESULT_FIELDS else _MISSING
-        convert: Callable[[float], Any] = (
-            bool if name in _BOOLEAN else int if name in _INTEGER else float
-        )
-        layout.append((name, index, convert))
-    return layout
+class _StatsLayout:
+    """Where each stat of a step's test sits in the result vector, and its type.
+
+    ``fields`` are the test's stat names and ``distance_sq``; a name the fused draw does not
+    compute (Barker's ``clt_error``) reads the NaN after the result fields.
+    """
+
+    def __init__(self, fields: tuple[str, ...]) -> None:
+        names = (*fields, "distance_sq")
+        self._names = names
+        self._indices = [
+            fused.RESULT_FIELDS.index(name) if name in fused.RESULT_FIELDS else _MISSING
+            for name in names
+        ]
+        self._booleans = [name for name in names if name in _BOOLEAN]
+        self._integers = [name for name in names if name in _INTEGER]
+
+    def read(self, result: np.ndarray) -> dict[str, Any]:
+        """Return the stats of the result vector as Python scalars of their types."""
+        values = result.tolist()
+        stats = dict(zip(self._names, [values[index] for index in self._indices], strict=True))
+        for name in self._booleans:
+            stats[name] = bool(stats[name])
+        for name in self._integers:
+            stats[name] = int(stats[name])
+        return stats
 
 
 def seed_fused_draws(rng: np.random.Generator) -> None:
