@@ -13,6 +13,7 @@ from pymc_subsample.kernels.user_proposal import ProposalFunction
 from pymc_subsample.plots import plot_data_usage
 from pymc_subsample.reference import ReferencePoint, find_reference_point
 from pymc_subsample.step_methods import SGFS, AusterityMH, MinibatchBarkerMH, PolynomialStepSize
+from pymc_subsample.step_methods.proposal_parts import ProposalPart, register_proposal
 from pymc_subsample.warnings import SubsampleWarning
 
 __version__ = "0.1.0"
@@ -23,9 +24,11 @@ __all__ = [
     "MinibatchBarkerMH",
     "PolynomialStepSize",
     "ProposalFunction",
+    "ProposalPart",
     "ReferencePoint",
     "SubsampleWarning",
     "__version__",
     "find_reference_point",
     "plot_data_usage",
+    "register_proposal",
 ]

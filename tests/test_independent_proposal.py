@@ -73,7 +73,10 @@ def test_auto_is_not_independent_without_an_automatic_reference(regression):
         covariance = pms.AusterityMH(proposal_cov=np.ones(3) * 1e-4)
         plain = pms.AusterityMH(control_variate=None)
         explicit = pms.AusterityMH(reference_point={"beta": mean}, proposal="independent")
-        with pytest.raises(ValueError, match="proposal='independent' draws from the Laplace"):
+        with pytest.raises(
+            ValueError,
+            match="proposal='independent' cannot be used here: it draws from the Laplace",
+        ):
             pms.AusterityMH(control_variate=None, proposal="independent")
     # A compound step's case is in test_hmc_proposal.py::test_auto_picks_the_proposal.
     assert given.proposal_kind == "hmc"

@@ -40,10 +40,10 @@ def test_prior_ratio_reaches_the_test_exactly():
         )
     assert [var.name for var in step.vars] == ["mu", "sigma_log__"]
     proposals, ratios = [], []
-    propose, decide = step._propose, step._decide
+    propose, decide = step.proposal_part.propose, step._decide
 
-    def record_proposal(q_old):
-        q_new, log_proposal_ratio = propose(q_old)
+    def record_proposal(step, q_old):
+        q_new, log_proposal_ratio = propose(step, q_old)
         proposals.append((q_old.copy(), q_new.copy(), log_proposal_ratio))
         return q_new, log_proposal_ratio
 
@@ -51,7 +51,7 @@ def test_prior_ratio_reaches_the_test_exactly():
         ratios.append(log_prior_proposal_ratio)
         return decide(log_ratio_rows, log_prior_proposal_ratio)
 
-    step._propose, step._decide = record_proposal, record_ratio
+    step.proposal_part.propose, step._decide = record_proposal, record_ratio
 
     def log_prior(q):
         mu_value, log_sigma = q

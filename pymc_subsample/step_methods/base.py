@@ -28,19 +28,7 @@ from pytensor.graph.basic import Variable
 from pytensor.tensor.variable import TensorVariable
 
 from pymc_subsample.kernels.correction import CorrectionDistribution
-from pymc_subsample.kernels.proposals import (
-    IndependentProposal,
-    LangevinProposal,
-    RandomWalkProposal,
-)
 from pymc_subsample.kernels.row_sampler import RowSampler
-from pymc_subsample.kernels.trajectory import (
-    HamiltonianProposal,
-    TrajectoryInfo,
-    dual_averaging_step,
-    jittered_steps,
-    start_dual_averaging,
-)
 from pymc_subsample.kernels.user_proposal import ProposalFunction, UserProposal
 from pymc_subsample.model.oracles import ModelOracles, build_oracles
 from pymc_subsample.reference import automatic_reference, funnel_explanation
@@ -56,9 +44,6 @@ from pymc_subsample.step_methods.defaults import (
     DEFAULT_CONTROL_VARIATE,
     INDEPENDENT_SPREAD,
     TRAJECTORY_GRADIENT_ROWS,
-    TRAJECTORY_MAX_STEPS,
-    TRAJECTORY_TARGET_ACCEPTANCE,
-    TRAJECTORY_TIME,
     control_variate_obstacle,
     dropped_default_message,
     gradient_obstacle,
@@ -66,6 +51,14 @@ from pymc_subsample.step_methods.defaults import (
 from pymc_subsample.step_methods.diagnostics import ChainDiagnostics
 from pymc_subsample.step_methods.fused_path import FusedDraw, fused_obstacle, seed_fused_draws
 from pymc_subsample.step_methods.progress import make_progressbar_updaters, progressbar_config
+from pymc_subsample.step_methods.proposal_parts import (
+    PROPOSAL_PARTS,
+    ProposalKernel,
+    ProposalPart,
+    proposal_names,
+)
+from pymc_subsample.step_methods.proposal_parts.hamiltonian import HamiltonianPart
+from pymc_subsample.step_methods.proposal_parts.user import USER_PROPOSAL, UserPart
 from pymc_subsample.step_methods.warning_relay import (
     WARNING_STAT,
     relay_if_worker,
@@ -73,19 +66,7 @@ from pymc_subsample.step_methods.warning_relay import (
 )
 from pymc_subsample.warnings import warn_user
 
-__all__ = ["PROPOSALS", "SubsampleMHState", "SubsampleMetropolisBase", "SubsampleStepBase"]
-
-#: Proposal kinds of the Metropolis-Hastings steps.
-PROPOSALS = ("auto", "random_walk", "langevin", "independent", "hmc")
-#: ``proposal_kind`` of a step given a proposal function (``kernels/user_proposal.py``).
-USER_PROPOSAL = "user"
-#: Draws after which the HMC proposal's diagonal mass is re-estimated during tuning, without a
-#: Laplace covariance (Stan's windows: a 75-draw buffer, then windows of 25, 50, 100, ...).
-MASS_WINDOW_ENDS = (100, 150, 250, 450, 850, 1650, 3250, 6450)
-
-Proposal = (
-    RandomWalkProposal | LangevinProposal | IndependentProposal | HamiltonianProposal | UserProposal
-)
+__all__ = ["SubsampleMHState", "SubsampleMetropolisBase", "SubsampleStepBase"]
 
 
 class TestDecision(Protocol):
@@ -295,7 +276,6 @@ class SubsampleMetropolisBase(SubsampleStepBase):
         self.temperature = _check_temperature(temperature)
         self.tune_interval = _check_int("tune_interval", tune_interval, minimum=1)
         requested_proposal = _check_proposal(proposal, proposal_cov)
-        self.langevin = requested_proposal == "langevin"
         requested = _check_choice("control_variate", control_variate, (AUTO, *CONTROL_VARIATES))
         self.recenter = _check_choice("recenter", recenter, (None, "tune"))
         if requested is None and (reference_point is not None or recenter):
@@ -311,7 +291,8 @@ class SubsampleMetropolisBase(SubsampleStepBase):
             rng=rng,
             compile_kwargs=compile_kwargs,
             blocked=blocked,
-            with_gradients=requested_proposal in ("langevin", "hmc"),
+            with_gradients=requested_proposal in PROPOSAL_PARTS
+            and PROPOSAL_PARTS[requested_proposal].needs_gradients,
             proxy_order=0 if requested == AUTO else CONTROL_VARIATES[requested],
         )
         self.row_sampler = RowSampler(self.oracles.n_rows)  # 8 bytes per row, allocated once
@@ -337,7 +318,7 @@ class SubsampleMetropolisBase(SubsampleStepBase):
             elif proposal_cov is None and requested_proposal != USER_PROPOSAL:
                 proposal_cov = self.control.covariance
                 self._laplace_proposal = True
-        #: "random_walk", "langevin", "independent", "hmc" or "user": the proposal in use.
+        #: The proposal in use: a registered part's name (``proposal_parts``) or "user".
         self.proposal_kind = self._resolve_proposal(requested_proposal, proposal_cov)
         self._user_proposal = (
             None if isinstance(proposal, str) else UserProposal(proposal, n_params)
@@ -350,21 +331,19 @@ class SubsampleMetropolisBase(SubsampleStepBase):
             self.batch_size = min(default, self.oracles.n_rows)
         #: The proposal covariance in use: given, the Laplace one, or None (adapted for HMC).
         self._proposal_cov = proposal_cov
-        self.proposal: Proposal = self._make_proposal(proposal_cov)
-        self._trajectory = TrajectoryInfo(0, False)
+        #: The proposal's part: how it is built, run and tuned (``proposal_parts``).
+        self.proposal_part = self._make_part(proposal_cov)
+        self.proposal: ProposalKernel = self.proposal_part.build_kernel(self)
         self.diagnostics = self._make_diagnostics()
         self._pending_rows = 0
         self._tune_blocks: list[np.ndarray] = []
         self._tune_steps = 0
         #: Set at each chain's start (reset_tuning): move a far first point near the reference.
         self._start_near_reference = False
-        self._initial_scaling = _check_scaling(scaling, n_params, kind=self.proposal_kind)
+        self._initial_scaling = _check_scaling(scaling, n_params, self.proposal_part)
         if self._user_proposal is not None:
             initial = reference_vector(self._initial_point, self.vars, self._initial_point)
             self._user_proposal.check(np.random.default_rng(0), initial, self._initial_scaling)
-        self._step_size_adaptation = start_dual_averaging(self._initial_scaling)
-        self._mass_moments = np.zeros((3, n_params))  # count, mean, sum of squared deviations
-        self._trajectory_draws = 0  # tuning draws of an HMC proposal
         self.scaling = self._initial_scaling
         self.tune = True
         self.steps_until_tune = self.tune_interval
@@ -434,8 +413,8 @@ class SubsampleMetropolisBase(SubsampleStepBase):
 
     @property
     def _adapt_mass(self) -> bool:
-        """Whether an HMC proposal adapts a diagonal mass during tuning (no covariance)."""
-        return self.proposal_kind == "hmc" and self._proposal_cov is None
+        """Whether the proposal adapts a diagonal mass during tuning (HMC, no covariance)."""
+        return isinstance(self.proposal_part, HamiltonianPart) and self.proposal_part.adapts_mass
 
     @property
     def _gaussian_posterior(self) -> bool:
@@ -464,7 +443,8 @@ class SubsampleMetropolisBase(SubsampleStepBase):
                 self._laplace_proposal = self.control is not None
                 # Without the Laplace covariance an HMC proposal adapts a diagonal mass.
                 self._proposal_cov = None if self.control is None else self.control.covariance
-                self.proposal = self._make_proposal(self._proposal_cov)
+            self.proposal_part = self._make_part(self._proposal_cov)
+            self.proposal = self.proposal_part.build_kernel(self)
         self.diagnostics = self._make_diagnostics()
         if self.draw_path == "fused" and (obstacle := fused_obstacle(self)) is not None:
             self._fused, self.draw_path = None, f"python: {obstacle}"
@@ -560,16 +540,8 @@ class SubsampleMetropolisBase(SubsampleStepBase):
         fixed at its Laplace approximation for their first values would stay valid but could
         stop being accepted.
         """
-        if requested == "independent" and self.control is None:
-            raise ValueError(
-                "proposal='independent' draws from the Laplace approximation at the reference "
-                "point of a control variate, and this step has none"
-                + (f" ({self.dropped_default})" if self.dropped_default else "")
-                + ": use proposal='random_walk', or control_variate='taylor2' with a "
-                "reference point."
-            )
-        if requested in ("hmc", "langevin"):
-            obstacle = gradient_obstacle(self.oracles)
+        if requested in PROPOSAL_PARTS:
+            obstacle = PROPOSAL_PARTS[requested].obstacle(self)
             if obstacle is not None:
                 raise ValueError(f"proposal={requested!r} cannot be used here: {obstacle}.")
         if requested != "auto":
@@ -595,17 +567,16 @@ class SubsampleMetropolisBase(SubsampleStepBase):
         """Whether every decision reads all rows by request (then no fallback warning)."""
         return False
 
-    def _make_proposal(self, proposal_cov: ArrayLike | None) -> Proposal:
+    def _make_part(self, proposal_cov: ArrayLike | None) -> ProposalPart:
+        """Return the part of ``proposal_kind`` (the user's function's, for a function)."""
         if self._user_proposal is not None:
-            return self._user_proposal
-        if self.proposal_kind == "independent" and self.control is not None:
-            cov = self.control.covariance if proposal_cov is None else proposal_cov
-            return IndependentProposal(self.control.proxy.reference, cov)
-        if self.proposal_kind == "hmc":
-            return HamiltonianProposal(self.oracles.n_params, proposal_cov)
-        if self.langevin:
-            return LangevinProposal(self.oracles.n_params, proposal_cov)
-        return RandomWalkProposal(self.oracles.n_params, proposal_cov)
+            return UserPart(self._user_proposal)
+        return PROPOSAL_PARTS[self.proposal_kind](proposal_cov)
+
+    def _reshape_proposal(self, proposal_cov: ArrayLike | None) -> None:
+        """Rebuild the proposal's kernel with a new covariance (the Laplace one moved)."""
+        self.proposal_part.proposal_cov = proposal_cov
+        self.proposal = self.proposal_part.build_kernel(self)
 
     def astep(self, q0: RaveledVars) -> tuple[RaveledVars, list[dict[str, Any]]]:
         """Propose and accept with the subclass's subsampled test."""
@@ -631,7 +602,9 @@ class SubsampleMetropolisBase(SubsampleStepBase):
         stats["accepted"] = float(accepted)
         # PyMC's energy_error, H(q', p') - H(q, p): minus the estimated log acceptance ratio,
         # whose proposal part is the kinetic energies' difference (kernels/trajectory.py).
-        stats["energy_error"] = -stats["delta_star"] if self.proposal_kind == "hmc" else math.nan
+        stats["energy_error"] = (
+            -stats["delta_star"] if isinstance(self.proposal_part, HamiltonianPart) else math.nan
+        )
         if self._pending_rows:
             stats["n_data"] += self._pending_rows
             self._pending_rows = 0
@@ -651,7 +624,7 @@ class SubsampleMetropolisBase(SubsampleStepBase):
 
     def _python_draw(self, q_old: np.ndarray) -> tuple[np.ndarray, dict[str, Any]]:
         """Make a draw in Python: the proposal, the estimator and the subclass's test."""
-        q_new, log_proposal_ratio = self._propose(q_old)
+        q_new, log_proposal_ratio = self.proposal_part.propose(self, q_old)
         log_prior_proposal_ratio = self.oracles.log_prior_ratio(q_new, q_old) + log_proposal_ratio
         log_ratio_rows: Callable[[np.ndarray], np.ndarray]
         control = self.control
@@ -663,10 +636,8 @@ class SubsampleMetropolisBase(SubsampleStepBase):
             log_ratio_rows = control.residual_rows(q_new, q_old)
             log_prior_proposal_ratio += control.log_threshold_shift(q_new, q_old)
         decision = self._decide(log_ratio_rows, log_prior_proposal_ratio)
-        if self.tune and isinstance(self.proposal, HamiltonianProposal):
-            self._adapt_trajectory(
-                q_new if decision.accepted else q_old, self._acceptance_statistic(decision)
-            )
+        if self.tune and self.proposal_part.scaling_rule == "part":
+            self.proposal_part.after_decision(self, q_new if decision.accepted else q_old, decision)
         return (q_new if decision.accepted else q_old), decision._asdict()
 
     def _chain_start(self, q: np.ndarray) -> np.ndarray:
@@ -701,95 +672,14 @@ class SubsampleMetropolisBase(SubsampleStepBase):
         An HMC proposal keeps the dual averaging's averaged step size from here on.
         """
         super().stop_tuning()
-        if isinstance(self.proposal, HamiltonianProposal) and self._step_size_adaptation.iteration:
-            self.scaling = float(np.exp(self._step_size_adaptation.log_step_mean))
+        self.proposal_part.stop_tuning(self)
         if self.control is None or not self.recenter or not self._tune_blocks:
             return
         last_half = np.sum(self._tune_blocks[len(self._tune_blocks) // 2 :], axis=0)
         self._pending_rows += self.control.recenter(last_half[:-1] / last_half[-1])
         if self._laplace_proposal:
-            self.proposal = self._make_proposal(self.control.covariance)
+            self._reshape_proposal(self.control.covariance)
         self._tune_blocks = []
-
-    def _propose(self, q_old: np.ndarray) -> tuple[np.ndarray, float]:
-        if isinstance(self.proposal, RandomWalkProposal | IndependentProposal | UserProposal):
-            return self.proposal(self.rng, q_old, self.scaling)
-        if isinstance(self.proposal, HamiltonianProposal):
-            if not (0.0 < self.scaling < math.inf):
-                raise RuntimeError(
-                    f"The trajectories' step size shrank to {self.scaling:g} during tuning: "
-                    "every trajectory was rejected (non-finite gradients or log-densities "
-                    "along it). Sample with proposal='random_walk'."
-                )
-            n_steps = jittered_steps(self.rng, self.scaling, TRAJECTORY_TIME, TRAJECTORY_MAX_STEPS)
-            q_new, log_ratio, self._trajectory = self.proposal(
-                self.rng, q_old, self.scaling, n_steps, self._trajectory_gradient()
-            )
-            return q_new, log_ratio
-        # Eq. 21 of Korattikara et al. (2016): one minibatch X_n, drawn with replacement
-        # (an unbiased gradient estimate at O(n)), independent of the rows the test draws,
-        # and used for the gradient at both q and q'.
-        rows = self.rng.integers(0, self.n_rows, size=self.batch_size)
-        gradient = self.oracles.gradient_on_rows(rows, self.temperature)
-        return self.proposal(self.rng, q_old, self.scaling, gradient)
-
-    def _trajectory_gradient(self) -> Callable[[np.ndarray], np.ndarray]:
-        """Return the gradient estimate that drives one trajectory, fixed for its whole length.
-
-        The exact gradient (all rows, read in place) or a minibatch drawn with replacement,
-        independently of the state (``kernels/trajectory.py``: any gradient fixed during the
-        trajectory gives a valid proposal); see :meth:`_trajectory_gradient_rows`. With a
-        control variate the minibatch estimates only what its Taylor proxies leave, whose exact
-        sums are known: with ``taylor2``, ``(G* + H* (q - q*)) / T`` plus ``N / (n T)`` times
-        the rows' remainders ``s_i(q) - s_i(q*) - H_i(q*) (q - q*)``
-        (:meth:`~pymc_subsample.model.oracles.ModelOracles.remainder_gradient_on_rows`); with
-        ``taylor1``, ``G* / T + N / (n T) sum (s_i(q) - s_i(q*))``. The second-order form
-        matters on hierarchical models: the first-order one's noise, about ``sqrt(N / n)``
-        times a group's posterior score, shrank the step size of a centred 85-group model with
-        1e5 rows to 0.0008 (ESS 2); see ``docs/hmc.md``.
-        """
-        oracles, temperature = self.oracles, self.temperature
-        if not oracles.rows_depend_on_q:
-            return oracles.log_prior_grad
-        n_rows, n_gradient = oracles.n_rows, self._trajectory_gradient_rows()
-        if n_gradient == n_rows:
-            return oracles.gradient_on_rows(None, temperature)
-        rows = self.rng.integers(0, n_rows, size=n_gradient)
-        control = self.control
-        if control is None:
-            return oracles.gradient_on_rows(rows, temperature)
-        proxy = control.proxy
-        if proxy.order == 2:
-            remainders = oracles.remainder_gradient_on_rows(rows, proxy.reference, temperature)
-
-            def second_order(q: np.ndarray) -> np.ndarray:
-                expansion = proxy.gradient_sum + proxy.hessian_sum @ (q - proxy.reference)
-                return remainders(q) + expansion / temperature
-
-            return second_order
-        estimate = oracles.gradient_on_rows(rows, temperature)
-        factor = n_rows / (rows.size * temperature)
-        offset = proxy.gradient_sum / temperature - factor * oracles.score_rows(
-            proxy.reference, rows
-        ).sum(0)
-
-        def first_order(q: np.ndarray) -> np.ndarray:
-            return estimate(q) + offset
-
-        return first_order
-
-    def _trajectory_gradient_rows(self) -> int:
-        """Rows of each trajectory's gradient: N, or ``TRAJECTORY_GRADIENT_ROWS`` of them.
-
-        All N when N is at most that, and without a control variate at temperature 1, where a
-        minibatch gradient's noise would swamp the posterior's (about ``sqrt(N / n)`` times
-        its gradient one sd from the mode) and the test reads a share of N rows per draw
-        anyway; else a minibatch of that size.
-        """
-        n_rows = self.oracles.n_rows
-        if n_rows <= TRAJECTORY_GRADIENT_ROWS or (self.control is None and self.temperature == 1.0):
-            return n_rows
-        return TRAJECTORY_GRADIENT_ROWS
 
     def fused_test(self) -> tuple[int, float, CorrectionDistribution | None] | None:
         """Return the test as the fused draw runs it: kind, epsilon, correction; or None."""
@@ -803,18 +693,10 @@ class SubsampleMetropolisBase(SubsampleStepBase):
 
     def _draw_stats(self) -> dict[str, float]:
         """Stats of the step itself, added to the kernel's."""
-        trajectory = self._trajectory
-        n_grad_rows = 2 * self.batch_size if self.langevin else 0
-        if self.proposal_kind == "hmc" and self.oracles.rows_depend_on_q:
-            n_gradient = self._trajectory_gradient_rows()
-            n_points = trajectory.n_steps + 1
-            if self.control is not None and n_gradient < self.oracles.n_rows:
-                # taylor2: each point also reads the rows at q* (a Hessian-vector product);
-                # taylor1: the rows' scores at q*, once.
-                n_points = 2 * n_points if self.control.proxy.order == 2 else n_points + 1
-            n_grad_rows = n_gradient * n_points
+        part = self.proposal_part
+        trajectory = part.info
         return {
-            "n_grad_rows": n_grad_rows,
+            "n_grad_rows": part.gradient_rows(self),
             "n_steps": trajectory.n_steps,
             "diverging": trajectory.diverging,
             "scaling": float(self.scaling),
@@ -826,45 +708,9 @@ class SubsampleMetropolisBase(SubsampleStepBase):
         """Return what the HMC step size's dual averaging reads of a decision: the decision."""
         return float(decision.accepted)
 
-    def _adapt_trajectory(self, q: np.ndarray, acceptance: float) -> None:
-        """Tune the HMC step size by dual averaging and, without a covariance, a diagonal mass.
-
-        The step size follows Hoffman and Gelman (2014, section 3.2) on each draw's acceptance
-        statistic (the decision, or for Barker the Metropolis acceptance probability of its
-        estimate), towards ``TRAJECTORY_TARGET_ACCEPTANCE``. The mass is Stan's windowed
-        adaptation: the regularised variances of the draws in each window of
-        ``MASS_WINDOW_ENDS`` become the proposal covariance, and the step size adaptation
-        restarts from there.
-        """
-        self._step_size_adaptation = dual_averaging_step(
-            self._step_size_adaptation, acceptance, TRAJECTORY_TARGET_ACCEPTANCE
-        )
-        self.scaling = float(np.exp(self._step_size_adaptation.log_step))
-        if not self._adapt_mass:
-            return
-        self._trajectory_draws += 1
-        if self._trajectory_draws <= MASS_WINDOW_ENDS[0] - 25:
-            return  # Stan's initial buffer: the chain is still finding the typical set.
-        count, mean, squares = self._mass_moments
-        count += 1
-        delta = q - mean
-        mean += delta / count
-        squares += delta * (q - mean)
-        if self._trajectory_draws in MASS_WINDOW_ENDS:
-            n = count[0]
-            # Stan's regularisation: shrink towards 1e-3 with weight 5 / (n + 5).
-            variances = (n / (n + 5.0)) * squares / (n - 1.0) + 1e-3 * (5.0 / (n + 5.0))
-            self.proposal = HamiltonianProposal(self.oracles.n_params, variances)
-            self._mass_moments[:] = 0.0
-            self._step_size_adaptation = start_dual_averaging(self.scaling)
-
     def _adapt_scaling(self) -> None:
         acceptance = self.accepted_since_tune / self.tune_interval
-        if isinstance(self.proposal, HamiltonianProposal):  # tuned by dual averaging per draw
-            self.steps_until_tune = self.tune_interval
-            self.accepted_since_tune = 0
-            return
-        if not isinstance(self.proposal, IndependentProposal):  # which has no scale
+        if self.proposal_part.scaling_rule == "acceptance":
             self.scaling = float(self._tune_rule(self.scaling, acceptance))
         self.steps_until_tune = self.tune_interval
         self.accepted_since_tune = 0
@@ -874,13 +720,9 @@ class SubsampleMetropolisBase(SubsampleStepBase):
         self.scaling = self._initial_scaling
         self.steps_until_tune = self.tune_interval
         self.accepted_since_tune = 0
-        self._step_size_adaptation = start_dual_averaging(self._initial_scaling)
-        self._mass_moments[:] = 0.0
-        self._trajectory_draws = 0
-        if self._adapt_mass:
-            self.proposal = self._make_proposal(self._proposal_cov)
+        self.proposal_part.reset(self)
         if self.control is not None and self.control.reset() and self._laplace_proposal:
-            self.proposal = self._make_proposal(self.control.covariance)
+            self._reshape_proposal(self.control.covariance)
         self._tune_blocks = []
         self._tune_steps = 0
         self._pending_rows = 0
@@ -900,10 +742,10 @@ def _check_proposal(proposal: Any, proposal_cov: ArrayLike | None) -> str:
     if isinstance(proposal, str) or not callable(proposal):
         if not isinstance(proposal, str):
             raise TypeError(
-                f"proposal must be one of {PROPOSALS} or a function (rng, q, scaling) -> "
+                f"proposal must be one of {proposal_names()} or a function (rng, q, scaling) -> "
                 f"(q_new, log_proposal_ratio), got {proposal!r}."
             )
-        return str(_check_choice("proposal", proposal, PROPOSALS))
+        return str(_check_choice("proposal", proposal, proposal_names()))
     if proposal_cov is not None:
         raise ValueError(
             "proposal_cov shapes the package's own proposals; a proposal function draws with "
@@ -928,19 +770,9 @@ def _check_temperature(temperature: float) -> float:
     return value
 
 
-def _check_scaling(scaling: float | None, n_params: int, *, kind: str) -> float:
+def _check_scaling(scaling: float | None, n_params: int, part: ProposalPart) -> float:
     if scaling is None:
-        if kind == USER_PROPOSAL:
-            return 1.0  # the proposal function's own spread, as written
-        if kind == "hmc":
-            # The leapfrog step in whitened coordinates; HMC's optimal step shrinks as d^(-1/4)
-            # (Beskos et al. 2013), and tuning adapts it by dual averaging.
-            return 1.0 / n_params**0.25
-        if kind == "langevin":
-            # Roberts and Rosenthal (1998): 1.65 / d^(1/6) for Langevin on the posterior scale.
-            return 1.65 / n_params ** (1 / 6)
-        # Roberts, Gelman and Gilks (1997): 2.38 / sqrt(d) for a proposal on the posterior scale.
-        return 2.38 / np.sqrt(n_params)
+        return part.default_scaling(n_params)
     value = float(scaling)
     if not (np.isfinite(value) and value > 0):
         raise ValueError(f"scaling must be a positive finite number, got {scaling!r}.")
