@@ -10,8 +10,11 @@ batch 100 (the defaults), at N = 1e4 ... 1e7, all in one process per N and side 
 - ``AusterityMH`` and ``MinibatchBarkerMH`` with ``proposal="random_walk"`` (the Laplace
   covariance) and ``proposal="independent"`` (the default on this model), each with its
   fused draw (one compiled call per draw, the default) and with ``fused=False`` (the Python
-  path, suffix ``_python``): microseconds per draw of ``pm.sample(tune=200, draws=5000)``,
-  the wall of the whole call over its draws, and the rows each draw read (stat ``n_data``);
+  path, suffix ``_python``): microseconds per draw inside ``pm.sample(tune=200,
+  draws=10_000)`` (``us_per_draw``: the mean interval between the draws after tuning, read
+  by a ``callback``; ``median_us_per_draw``; ``wall_us_per_draw``: the call's wall over all its
+  draws, its once-per-call set-up and InferenceData included), and the rows those draws read
+  (stat ``n_data``: mean and largest);
 - ``fused_direct``: the fused draw of ``barker_random_walk`` called in a Python loop without
   ``pm.sample`` (what the step's own draw costs, next to the Numba loop);
 - ``numba_loop``: the same arithmetic written by hand in one Numba function (random-walk
@@ -51,7 +54,7 @@ STEPS = {
     for proposal in ("random_walk", "independent")
     for suffix, fused in (("", True), ("_python", False))
 }
-TUNE, DRAWS = 200, 5_000
+TUNE, DRAWS = 200, 10_000
 
 
 class StatsOnly(ArrayStepShared):
@@ -72,14 +75,41 @@ class StatsOnly(ArrayStepShared):
         return q0, self._stats
 
 
-def per_draw(step: Any, model: pm.Model) -> tuple[float, Any]:
-    """Microseconds per draw of one ``pm.sample`` call with this step (after a warm-up call)."""
+def per_draw(step: Any, model: pm.Model) -> dict[str, Any]:
+    """Per-draw cost of ``pm.sample`` with this step, from a clock read after every draw.
+
+    ``pm.sample``'s ``callback`` reads ``time.perf_counter()`` after each draw is recorded:
+    the intervals between the draws after tuning are what a draw costs inside PyMC's loop
+    (the step, the trace's recording, PyMC's bookkeeping and the callback itself, about
+    1 us), without what a call costs once (set-up, the first point's check on all rows, the
+    InferenceData), which ``wall_us_per_draw`` spreads over the draws. ``us_per_draw`` is
+    their mean: a t-test that meets a near tie reads many rows in one draw, and the mean
+    counts it (``max_rows_in_a_draw``); ``median_us_per_draw`` is a typical draw.
+    """
     kwargs = {"chains": 1, "progressbar": False, "compute_convergence_checks": False}
+    stamps: list[float] = []
+
+    def clock(**_: Any) -> None:
+        stamps.append(time.perf_counter())
+
     with model:
         pm.sample(step=step, tune=50, draws=50, random_seed=0, **kwargs)
         start = time.perf_counter()
-        idata = pm.sample(step=step, tune=TUNE, draws=DRAWS, random_seed=1, **kwargs)
-    return (time.perf_counter() - start) / (TUNE + DRAWS) * 1e6, idata
+        idata = pm.sample(
+            step=step, tune=TUNE, draws=DRAWS, random_seed=1, callback=clock, **kwargs
+        )
+        wall = time.perf_counter() - start
+    intervals = np.diff(stamps[TUNE - 1 :]) * 1e6  # the DRAWS draws after tuning
+    stats = idata.sample_stats
+    rows = stats["n_data"].values.ravel()
+    return {
+        "us_per_draw": float(intervals.mean()),
+        "median_us_per_draw": float(np.median(intervals)),
+        "wall_us_per_draw": wall / (TUNE + DRAWS) * 1e6,
+        "rows_per_draw": float(rows.mean()),
+        "max_rows_in_a_draw": int(rows.max()),
+        "acceptance": float(stats["accepted"].mean()),
+    }
 
 
 def fused_direct(step: Any) -> float:
@@ -159,20 +189,18 @@ def run_rows(n_rows: int) -> dict[str, Any]:
     data_bytes = X.nbytes + y.nbytes
     result: dict[str, Any] = {"rows": n_rows, "data_bytes": data_bytes}
     with model:
-        floor, _ = per_draw(StatsOnly(model.value_vars), model)
-    result["pymc_loop_us"] = floor
+        floor = per_draw(StatsOnly(model.value_vars), model)
+    result["pymc_loop_us"] = floor["us_per_draw"]
+    result["pymc_loop_wall_us"] = floor["wall_us_per_draw"]
     laplace_factor = None
     for name, (step_class, proposal, fused) in STEPS.items():
         with model:
             step = step_class(proposal=proposal, fused=fused)
         assert (step.draw_path == "fused") == fused, step.draw_path
-        micros, idata = per_draw(step, model)
-        stats = idata.sample_stats
+        measured = per_draw(step, model)
         result[name] = {
-            "us_per_draw": micros,
-            "over_pymc_loop": micros / floor,
-            "mean_rows_per_draw": float(stats["n_data"].mean()),
-            "acceptance": float(stats["accepted"].mean()),
+            **measured,
+            "over_pymc_loop": measured["us_per_draw"] / floor["us_per_draw"],
         }
         if proposal == "random_walk" and laplace_factor is None:
             laplace_factor = (step.control.proxy.reference, step.proposal.chol_factor, step.scaling)
