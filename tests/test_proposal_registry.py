@@ -95,3 +95,27 @@ def test_register_proposal_refuses_an_empty_or_taken_name(name):
     with pytest.raises(ValueError, match="needs a new name"):
         pms.register_proposal(part)
     assert PROPOSAL_PARTS["random_walk"].__name__ == "RandomWalkPart"
+
+
+def test_a_part_built_on_the_random_walk_runs_its_own_proposal():
+    # The fused draw compiles the built-in random walk and independent proposals only: a part
+    # that reuses the random walk's kernel but proposes its own way (here: never moving,
+    # ratio 0) must run on the Python path, where its propose() is called. Fused, the chain
+    # would move as a random walk and ignore it.
+    from pymc_subsample.step_methods.proposal_parts.random_walk import RandomWalkPart
+
+    class StayingPart(RandomWalkPart):
+        name = "staying_walk_for_test"
+
+        def propose(self, step, q):
+            return q.copy(), 0.0
+
+    if StayingPart.name not in PROPOSAL_PARTS:
+        pms.register_proposal(StayingPart)
+    model, _, _ = gaussian_regression()
+    with model:
+        step = pms.AusterityMH(proposal=StayingPart.name)
+        idata = pm.sample(step=step, tune=20, draws=50, chains=1, random_seed=1, **SAMPLE)
+    assert step.draw_path.startswith("python:")
+    draws = idata.posterior["beta"].values[0]
+    np.testing.assert_array_equal(draws, np.broadcast_to(draws[0], draws.shape))

@@ -23,7 +23,7 @@ import math
 import operator
 from collections.abc import Callable
 from functools import cache
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 from scipy.special import stdtrit
@@ -31,19 +31,26 @@ from scipy.special import stdtrit
 from pymc_subsample.kernels import fused
 from pymc_subsample.kernels.proposals import IndependentProposal, RandomWalkProposal
 from pymc_subsample.model.compiled import NumbaKernel
+from pymc_subsample.step_methods.proposal_parts.independent import IndependentPart
+from pymc_subsample.step_methods.proposal_parts.random_walk import RandomWalkPart
 
 if TYPE_CHECKING:
     from pymc_subsample.step_methods.base import SubsampleMetropolisBase
 
-__all__ = ["FusedDraw", "fused_obstacle", "seed_fused_draws"]
+__all__ = ["FUSED_PROPOSALS", "FusedDraw", "fused_obstacle", "seed_fused_draws"]
 
 #: Bump when the generated driver's source changes (the key of its disk cache includes it).
 DRIVER_VERSION = 2
 
 
+#: The proposal parts the fused draw compiles (``kernels/fused.propose``), by their exact class:
+#: a part derived from one of them may propose its own way, and runs in Python.
+FUSED_PROPOSALS = {RandomWalkPart: fused.RANDOM_WALK, IndependentPart: fused.INDEPENDENT}
+
+
 def fused_obstacle(step: SubsampleMetropolisBase) -> str | None:
     """Why ``step``'s draws cannot run as one compiled call; None if they can."""
-    if not isinstance(step.proposal, RandomWalkProposal | IndependentProposal):
+    if type(step.proposal_part) not in FUSED_PROPOSALS:
         return f"the {step.proposal_kind} proposal runs in Python"
     if not step.oracles.rows_depend_on_q:
         return "no row of the likelihood depends on the step's variables"
@@ -75,7 +82,6 @@ class FusedDraw:
         self._key: tuple[Any, ...] = ()
         self._driver: Callable[..., Any] | None = None
         self._driver_key: tuple[Any, ...] = ()
-        self._fixed: tuple[Any, ...] = ()
         #: The draw's result vector (``kernels/fused.RESULT_FIELDS``) and a NaN after it.
         self.result = np.zeros(len(fused.RESULT_FIELDS) + 1)
         self.result[-1] = math.nan
@@ -131,14 +137,14 @@ class FusedDraw:
             )
             self._driver_key = driver_key
         n_params = oracles.n_params
-        proposal = step.proposal
-        assert isinstance(proposal, RandomWalkProposal | IndependentProposal)
+        kind = FUSED_PROPOSALS[type(step.proposal_part)]
+        # The kernels those parts build (kernels/proposals.py).
+        proposal = cast(RandomWalkProposal | IndependentProposal, step.proposal)
         factor = _as_matrix(proposal.chol_factor)
         if isinstance(proposal, IndependentProposal):
-            kind, mean = fused.INDEPENDENT, proposal.mean
-            inverse = _as_matrix(proposal._inverse_factor)
+            mean, inverse = proposal.mean, _as_matrix(proposal.inverse_factor)
         else:
-            kind, mean, inverse = fused.RANDOM_WALK, np.zeros(n_params), np.eye(n_params)
+            mean, inverse = np.zeros(n_params), np.eye(n_params)
         if control is None:
             order, reference = 0, np.zeros(n_params)
             gradient_sum, hessian_sum = np.zeros(n_params), np.zeros((n_params, n_params))
@@ -163,7 +169,7 @@ class FusedDraw:
             if correction is None
             else (correction.support, correction.cumulative)
         )
-        self._fixed = (
+        fixed = (
             kind,
             factor,
             inverse,
@@ -186,7 +192,7 @@ class FusedDraw:
         )
         # The data arrays are read once here: new data (pm.set_data) makes a new row sampler,
         # which a draw notices by its key.
-        self._arguments = (*self._fixed, self.result, *oracles.row_arrays())
+        self._arguments = (*fixed, self.result, *oracles.row_arrays())
         self._implicit = bool(self._prior.implicit or self._rows.implicit)
 
 
