@@ -10,6 +10,7 @@ ratio negated, the finite-population correction dropped: each fails a test here 
 
 from __future__ import annotations
 
+import arviz as az
 import numpy as np
 import pymc as pm
 import pytest
@@ -21,6 +22,8 @@ import pymc_subsample as pms
 from pymc_subsample.kernels import fused
 from pymc_subsample.kernels.correction import correction_distribution
 from pymc_subsample.kernels.stages import stage_statistics
+
+QUIET = {"progressbar": False, "compute_convergence_checks": False}
 
 
 def _lower_factor(rng: np.random.Generator, d: int) -> np.ndarray:
@@ -250,17 +253,8 @@ def test_fused_and_python_paths_agree_on_a_logistic_regression():
             pm.Bernoulli("y", logit_p=X @ beta, observed=y)
             step = pms.MinibatchBarkerMH(fused=fused_draw, proposal="random_walk")
             runs[fused_draw] = pm.sample(
-                1500,
-                tune=500,
-                chains=2,
-                cores=1,
-                step=step,
-                random_seed=13,
-                progressbar=False,
-                compute_convergence_checks=False,
+                1500, tune=500, chains=2, cores=1, step=step, random_seed=13, **QUIET
             )
-    import arviz as az
-
     means, errors = {}, {}
     for key, idata in runs.items():
         draws = idata.posterior["beta"]
@@ -295,15 +289,7 @@ def test_fused_draw_reads_the_re_centred_control_variate():
             proposal_cov=sd**2,
         )
         assert step.draw_path == "fused"
-        idata = pm.sample(
-            draws=300,
-            tune=400,
-            chains=1,
-            step=step,
-            random_seed=15,
-            progressbar=False,
-            compute_convergence_checks=False,
-        )
+        idata = pm.sample(draws=300, tune=400, chains=1, step=step, random_seed=15, **QUIET)
     distance = idata.sample_stats["reference_distance"].values[0]
     assert np.mean(distance) < 3.0
 
@@ -321,15 +307,7 @@ def test_fused_draw_reads_only_the_rows_its_test_uses():
             control_variate=None, temperature=50.0, proposal="random_walk", batch_size=50
         )
         assert step.draw_path == "fused"
-        idata = pm.sample(
-            draws=400,
-            tune=200,
-            chains=1,
-            step=step,
-            random_seed=17,
-            progressbar=False,
-            compute_convergence_checks=False,
-        )
+        idata = pm.sample(draws=400, tune=200, chains=1, step=step, random_seed=17, **QUIET)
     stats = idata.sample_stats
     n_data, n_batches = stats["n_data"].values[0], stats["n_batches"].values[0]
     assert np.mean(n_batches > 2) > 0.1

@@ -75,7 +75,7 @@ class LangevinProposal:
     def __init__(self, n_params: int, proposal_cov: ArrayLike | None = None) -> None:
         self.n_params = n_params
         self.chol_factor = _cholesky_factor(n_params, proposal_cov)
-        self._inverse_factor = _inverse_factor(self.chol_factor)
+        self.inverse_factor = _inverse_factor(self.chol_factor)
 
     def __call__(
         self, rng: np.random.Generator, q: np.ndarray, scaling: float, gradient: Gradient
@@ -94,7 +94,7 @@ class LangevinProposal:
                 return q_new, -np.inf
             backward_drift = 0.5 * alpha * self._precondition(gradient(q_new))
             # Standardised residual of q given q': L^{-1} (q - q' - drift(q')) / scaling.
-            backward = _times_factor(self._inverse_factor, q - q_new - backward_drift) / scaling
+            backward = _times_factor(self.inverse_factor, q - q_new - backward_drift) / scaling
             log_ratio = 0.5 * float(noise @ noise) - 0.5 * float(backward @ backward)
         return q_new, log_ratio if np.isfinite(log_ratio) else -np.inf
 
@@ -135,7 +135,7 @@ class IndependentProposal:
         self.mean = np.array(mean, dtype=float)
         self.n_params = self.mean.size
         self.chol_factor = _cholesky_factor(self.n_params, cov)
-        self._inverse_factor = _inverse_factor(self.chol_factor)
+        self.inverse_factor = _inverse_factor(self.chol_factor)
 
     def __call__(
         self, rng: np.random.Generator, q: np.ndarray, scaling: float
@@ -143,7 +143,7 @@ class IndependentProposal:
         """Return ``q'`` and ``log q(q) - log q(q')``; ``scaling`` is ignored."""
         noise = rng.standard_normal(self.n_params)
         q_new = self.mean + _times_factor(self.chol_factor, noise)
-        whitened = _times_factor(self._inverse_factor, q - self.mean)
+        whitened = _times_factor(self.inverse_factor, q - self.mean)
         return q_new, 0.5 * (float(noise @ noise) - float(whitened @ whitened))
 
 

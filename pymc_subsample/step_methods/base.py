@@ -329,9 +329,8 @@ class SubsampleMetropolisBase(SubsampleStepBase):
             )
             # At most N: with fewer rows than a default batch the test is exact, as it should be.
             self.batch_size = min(default, self.oracles.n_rows)
-        #: The proposal covariance in use: given, the Laplace one, or None (adapted for HMC).
-        self._proposal_cov = proposal_cov
-        #: The proposal's part: how it is built, run and tuned (``proposal_parts``).
+        #: The proposal's part: how it is built, run and tuned (``proposal_parts``); its
+        #: ``proposal_cov`` is the covariance in use (given, the Laplace one, or None).
         self.proposal_part = self._make_part(proposal_cov)
         self.proposal: ProposalKernel = self.proposal_part.build_kernel(self)
         self.diagnostics = self._make_diagnostics()
@@ -439,11 +438,12 @@ class SubsampleMetropolisBase(SubsampleStepBase):
                 self.control_variate = None
                 if self.proposal_kind == "independent":
                     self.proposal_kind = "hmc" if self.oracles.rows_depend_on_q else "random_walk"
-            if self._laplace_proposal:  # a proposal_cov the user gave stays
+            proposal_cov = self.proposal_part.proposal_cov  # a proposal_cov the user gave stays
+            if self._laplace_proposal:
                 self._laplace_proposal = self.control is not None
                 # Without the Laplace covariance an HMC proposal adapts a diagonal mass.
-                self._proposal_cov = None if self.control is None else self.control.covariance
-            self.proposal_part = self._make_part(self._proposal_cov)
+                proposal_cov = None if self.control is None else self.control.covariance
+            self.proposal_part = self._make_part(proposal_cov)
             self.proposal = self.proposal_part.build_kernel(self)
         self.diagnostics = self._make_diagnostics()
         if self.draw_path == "fused" and (obstacle := fused_obstacle(self)) is not None:
