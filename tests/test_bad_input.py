@@ -121,7 +121,7 @@ def test_batch_size_at_least_n_rows_warns_and_runs_exact(small_regression):
         pytest.warns(pms.SubsampleWarning, match="uses all rows and is the exact test"),
     ):
         step = pms.AusterityMH(batch_size=1000)
-    assert step.exact
+    assert step.test.exact(step)
 
 
 def test_not_assigned_automatically(small_regression):

@@ -5,7 +5,7 @@ that dropped or mis-signed ``log rho(q') - log rho(q)``. Here the step samples a
 the likelihood with a prior twice as informative as the 50 rows, so that without its prior the
 target moves by 24 posterior sds.
 
-Mutants checked by hand (in a copy of the package): in ``SubsampleMetropolisBase.astep`` the
+Mutants checked by hand (in a copy of the package): in ``SubsampleMH.astep`` the
 prior ratio dropped, negated or halved, and in ``build_oracles`` the ratio compiled as
 ``prior(q_old) - prior(q)``: each fails both tests.
 """
@@ -40,18 +40,18 @@ def test_prior_ratio_reaches_the_test_exactly():
         )
     assert [var.name for var in step.vars] == ["mu", "sigma_log__"]
     proposals, ratios = [], []
-    propose, decide = step.proposal_part.propose, step._decide
+    propose, decide = step.proposal_part.propose, step.test.decide
 
     def record_proposal(step, q_old):
         q_new, log_proposal_ratio = propose(step, q_old)
         proposals.append((q_old.copy(), q_new.copy(), log_proposal_ratio))
         return q_new, log_proposal_ratio
 
-    def record_ratio(log_ratio_rows, log_prior_proposal_ratio):
+    def record_ratio(step, log_ratio_rows, log_prior_proposal_ratio):
         ratios.append(log_prior_proposal_ratio)
-        return decide(log_ratio_rows, log_prior_proposal_ratio)
+        return decide(step, log_ratio_rows, log_prior_proposal_ratio)
 
-    step.proposal_part.propose, step._decide = record_proposal, record_ratio
+    step.proposal_part.propose, step.test.decide = record_proposal, record_ratio
 
     def log_prior(q):
         mu_value, log_sigma = q

@@ -2,32 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any, ClassVar
-
-import numpy as np
-import pymc as pm
-from numpy.typing import ArrayLike
-from pymc.util import RandomGenerator
-from pytensor.tensor.variable import TensorVariable
-
-from pymc_subsample.kernels import fused as fused_kernels
-from pymc_subsample.kernels.austerity import (
-    AusterityDecision,
-    exact_mh_test,
-    sequential_mh_test,
-)
-from pymc_subsample.kernels.correction import CorrectionDistribution
-from pymc_subsample.kernels.user_proposal import ProposalFunction
-from pymc_subsample.step_methods.base import SubsampleMetropolisBase
-from pymc_subsample.step_methods.defaults import AUTO
+from pymc_subsample.step_methods.acceptance_tests.sequential_t import SequentialTTest
+from pymc_subsample.step_methods.base import SubsampleMH
 
 __all__ = ["AusterityMH"]
 
-DEFAULT_ERROR_TOLERANCE = 0.001
 
-
-class AusterityMH(SubsampleMetropolisBase):
+class AusterityMH(SubsampleMH, test=SequentialTTest):
     r"""Metropolis-Hastings accepted by a sequential test on growing minibatches.
 
     Implements Algorithm 1 of Korattikara, Chen and Welling, "Austerity in MCMC Land" (ICML
@@ -215,109 +196,3 @@ class AusterityMH(SubsampleMetropolisBase):
     """
 
     name = "austerity_mh"
-    #: Without a control variate the l_i are far from Gaussian in small batches (the paper's m).
-    _uncontrolled_batch_size = 500
-    _decision_fields = AusterityDecision._fields
-    stats_dtypes_shapes: ClassVar[dict[str, tuple[type, list[int]]]] = {
-        "accepted": (np.float64, []),
-        "n_data": (np.int64, []),
-        "n_batches": (np.int64, []),
-        "full_data": (bool, []),
-        "nonfinite_proposal": (bool, []),
-        "delta_star": (np.float64, []),
-        "n_grad_rows": (np.int64, []),
-        "n_steps": (np.int64, []),
-        "diverging": (bool, []),
-        "energy_error": (np.float64, []),
-        "scaling": (np.float64, []),
-        "temperature": (np.float64, []),
-        "residual_kurtosis": (np.float64, []),
-        "reference_distance": (np.float64, []),
-    }
-
-    def __init__(
-        self,
-        vars: Sequence[TensorVariable] | None = None,
-        *,
-        error_tolerance: float = DEFAULT_ERROR_TOLERANCE,
-        batch_size: int | None = None,
-        temperature: float = 1.0,
-        proposal: str | ProposalFunction = "auto",
-        scaling: float | None = None,
-        proposal_cov: ArrayLike | None = None,
-        tune_interval: int = 100,
-        obs_dim: str | None = None,
-        model: pm.Model | None = None,
-        rng: RandomGenerator = None,
-        compile_kwargs: dict[str, Any] | None = None,
-        blocked: bool = True,
-        control_variate: str | None = AUTO,
-        reference_point: Any = None,
-        recenter: str | None = None,
-        fused: bool = True,
-    ) -> None:
-        self.error_tolerance = _check_error_tolerance(error_tolerance)
-        super().__init__(
-            vars,
-            batch_size=batch_size,
-            temperature=temperature,
-            proposal=proposal,
-            scaling=scaling,
-            proposal_cov=proposal_cov,
-            tune_interval=tune_interval,
-            obs_dim=obs_dim,
-            model=model,
-            rng=rng,
-            compile_kwargs=compile_kwargs,
-            blocked=blocked,
-            control_variate=control_variate,
-            reference_point=reference_point,
-            recenter=recenter,
-            fused=fused,
-        )
-        self.exact = self._exact_by_design()
-
-    def _rebuild_for_data(self) -> None:
-        super()._rebuild_for_data()
-        self.exact = self._exact_by_design()
-
-    def _exact_by_design(self) -> bool:
-        # Tolerance 0, or a first batch of all rows: exact MH, reading every row by request.
-        return self.error_tolerance == 0.0 or self.batch_size >= self.n_rows
-
-    def fused_test(self) -> tuple[int, float, CorrectionDistribution | None] | None:
-        """Return the sequential t-test with its epsilon; the exact test runs in Python."""
-        if self._exact_by_design():
-            return None
-        return (fused_kernels.AUSTERITY, self.error_tolerance, None)
-
-    def _decide(
-        self, log_ratio_rows: Callable[[np.ndarray], np.ndarray], log_prior_proposal_ratio: float
-    ) -> AusterityDecision:
-        if self.exact:
-            return exact_mh_test(
-                self.rng, log_ratio_rows, self.n_rows, log_prior_proposal_ratio, self.temperature
-            )
-        return sequential_mh_test(
-            self.rng,
-            log_ratio_rows,
-            self.row_sampler,
-            log_prior_proposal_ratio,
-            self.error_tolerance,
-            self.batch_size,
-            self.temperature,
-        )
-
-
-def _check_error_tolerance(error_tolerance: float) -> float:
-    try:
-        value = float(error_tolerance)
-    except (TypeError, ValueError):
-        value = float("nan")
-    if not 0.0 <= value < 0.5:
-        raise ValueError(
-            f"error_tolerance must be in [0, 0.5), got {error_tolerance!r}. It is the error "
-            "allowed in each t-test: 0 gives exact MH, 0.001 to 0.05 are typical, and 0.5 or "
-            "more would decide on the sign of a noisy estimate."
-        )
-    return value

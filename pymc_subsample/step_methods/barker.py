@@ -2,48 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any, ClassVar, cast
-
-import numpy as np
-import pymc as pm
-from numpy.typing import ArrayLike
-from pymc.util import RandomGenerator
-from pytensor.tensor.variable import TensorVariable
-
-from pymc_subsample.kernels import fused as fused_kernels
-from pymc_subsample.kernels.barker import BarkerDecision, minibatch_barker_test
-from pymc_subsample.kernels.correction import CorrectionDistribution, correction_distribution
-from pymc_subsample.kernels.user_proposal import ProposalFunction
-from pymc_subsample.step_methods.base import SubsampleMetropolisBase, TestDecision
-from pymc_subsample.step_methods.defaults import AUTO
+from pymc_subsample.step_methods.acceptance_tests.barker import BarkerTest, barker_tune
+from pymc_subsample.step_methods.base import SubsampleMH
 
 __all__ = ["MinibatchBarkerMH", "barker_tune"]
 
 
-def barker_tune(scaling: float, acceptance: float) -> float:
-    """Adapt the proposal scale for a Barker test, whose acceptance never exceeds 1/2.
-
-    PyMC's Metropolis rule only enlarges steps above 50% acceptance, which a Barker test never
-    reaches, so small steps would stay small. This rule aims at 15% to 30% (the optimal random
-    walk Barker acceptance is about 15.8% in high dimension; Agrawal, Vats, Latuszynski and
-    Roberts 2023) and doubles the scale above 40%, where steps are far below the posterior scale.
-
-    Examples
-    --------
-    >>> barker_tune(1.0, 0.48), barker_tune(1.0, 0.2), barker_tune(1.0, 0.0)
-    (2.0, 1.0, 0.1)
-    """
-    for below, factor in ((0.001, 0.1), (0.05, 0.5), (0.15, 0.9)):
-        if acceptance < below:
-            return scaling * factor
-    for above, factor in ((0.4, 2.0), (0.3, 1.1)):
-        if acceptance > above:
-            return scaling * factor
-    return scaling
-
-
-class MinibatchBarkerMH(SubsampleMetropolisBase):
+class MinibatchBarkerMH(SubsampleMH, test=BarkerTest):
     r"""Metropolis-Hastings whose accept test is the minibatch Barker test of Seita et al.
 
     Implements Algorithm 1 of Seita, Pan, Chen and Canny, "An Efficient Minibatch Acceptance
@@ -134,105 +99,3 @@ class MinibatchBarkerMH(SubsampleMetropolisBase):
     """
 
     name = "minibatch_barker_mh"
-    _decision_fields = BarkerDecision._fields
-    stats_dtypes_shapes: ClassVar[dict[str, tuple[type, list[int]]]] = {
-        "accepted": (np.float64, []),
-        "n_data": (np.int64, []),
-        "n_batches": (np.int64, []),
-        "full_data": (bool, []),
-        "variance": (np.float64, []),
-        "clt_error": (np.float64, []),
-        "nonfinite_proposal": (bool, []),
-        "delta_star": (np.float64, []),
-        "n_grad_rows": (np.int64, []),
-        "n_steps": (np.int64, []),
-        "diverging": (bool, []),
-        "energy_error": (np.float64, []),
-        "scaling": (np.float64, []),
-        "temperature": (np.float64, []),
-        "residual_kurtosis": (np.float64, []),
-        "reference_distance": (np.float64, []),
-    }
-    _tune_rule = staticmethod(barker_tune)
-
-    def __init__(
-        self,
-        vars: Sequence[TensorVariable] | None = None,
-        *,
-        batch_size: int | None = None,
-        temperature: float = 1.0,
-        proposal: str | ProposalFunction = "auto",
-        error_bound: float | None = None,
-        scaling: float | None = None,
-        proposal_cov: ArrayLike | None = None,
-        tune_interval: int = 100,
-        obs_dim: str | None = None,
-        model: pm.Model | None = None,
-        rng: RandomGenerator = None,
-        compile_kwargs: dict[str, Any] | None = None,
-        blocked: bool = True,
-        control_variate: str | None = AUTO,
-        reference_point: Any = None,
-        recenter: str | None = None,
-        fused: bool = True,
-    ) -> None:
-        self.error_bound = _check_error_bound(error_bound)
-        self.correction = correction_distribution(1.0)
-        super().__init__(
-            vars,
-            batch_size=batch_size,
-            temperature=temperature,
-            proposal=proposal,
-            scaling=scaling,
-            proposal_cov=proposal_cov,
-            tune_interval=tune_interval,
-            obs_dim=obs_dim,
-            model=model,
-            rng=rng,
-            compile_kwargs=compile_kwargs,
-            blocked=blocked,
-            control_variate=control_variate,
-            reference_point=reference_point,
-            recenter=recenter,
-            fused=fused,
-        )
-
-    @staticmethod
-    def _acceptance_statistic(decision: TestDecision) -> float:
-        # Barker accepts at most about half of the proposals whatever the step size, so the
-        # HMC step size is tuned on the Metropolis acceptance probability of the estimated
-        # log ratio, min(1, exp(Delta*)), as Stan tunes on its own acceptance probability.
-        delta_star = cast(BarkerDecision, decision).delta_star
-        return float(min(1.0, np.exp(min(delta_star, 0.0))))
-
-    def fused_test(self) -> tuple[int, float, CorrectionDistribution | None] | None:
-        """Return the Barker test with its correction; with ``error_bound``, None."""
-        return (
-            None if self.error_bound is not None else (fused_kernels.BARKER, 0.0, self.correction)
-        )
-
-    def _decide(
-        self, log_ratio_rows: Callable[[np.ndarray], np.ndarray], log_prior_proposal_ratio: float
-    ) -> BarkerDecision:
-        return minibatch_barker_test(
-            self.rng,
-            log_ratio_rows,
-            self.row_sampler,
-            log_prior_proposal_ratio,
-            self.batch_size,
-            self.temperature,
-            self.error_bound,
-            self.correction,
-        )
-
-
-def _check_error_bound(error_bound: float | None) -> float | None:
-    if error_bound is None:
-        return None
-    value = float(error_bound)
-    if not 0.0 < value < 1.0:
-        raise ValueError(
-            f"error_bound must be in (0, 1) or None, got {error_bound!r}. It bounds the CDF "
-            "error of the minibatch estimate (the paper's delta); None skips the bound."
-        )
-    return value

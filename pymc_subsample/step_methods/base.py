@@ -1,19 +1,19 @@
 """What the subsampling steps share: oracles, rows, RNG hooks; and the Metropolis-Hastings layer.
 
-A subclass supplies ``_decide(log_ratio_rows, log_prior_proposal_ratio)``, which runs its test
-kernel and returns a NamedTuple whose fields are stat names, and declares those stats (plus
-those of ``_draw_stats``: ``n_grad_rows``, ``scaling``, ``temperature``) in
-``stats_dtypes_shapes``.
+``SubsampleStepBase`` compiles the model's per-row terms and maps PyMC's points; ``SubsampleMH``
+composes a proposal (``proposal_parts``), the control variate (``control.py``) and an
+acceptance test (``acceptance_tests``) into a draw (``docs/architecture.md``).
 """
 
 from __future__ import annotations
 
+import inspect
 import math
 import os
 from abc import abstractmethod
 from collections.abc import Callable, Sequence
 from functools import partial
-from typing import Any, Protocol
+from typing import Any, ClassVar
 
 import numpy as np
 import pymc as pm
@@ -21,17 +21,20 @@ from numpy.typing import ArrayLike
 from pymc.blocking import DictToArrayBijection, PointType, RaveledVars, StatsType
 from pymc.step_methods.arraystep import ArrayStepShared
 from pymc.step_methods.compound import Competence, StepMethodState
-from pymc.step_methods.metropolis import tune as tune_scaling
 from pymc.step_methods.state import dataclass_state
 from pymc.util import RandomGenerator, get_random_generator, get_value_vars_from_user_vars
 from pytensor.graph.basic import Variable
 from pytensor.tensor.variable import TensorVariable
 
-from pymc_subsample.kernels.correction import CorrectionDistribution
 from pymc_subsample.kernels.row_sampler import RowSampler
 from pymc_subsample.kernels.user_proposal import ProposalFunction, UserProposal
 from pymc_subsample.model.oracles import ModelOracles, build_oracles
 from pymc_subsample.reference import automatic_reference, funnel_explanation
+from pymc_subsample.step_methods.acceptance_tests import (
+    AcceptanceTest,
+    StatSpec,
+    setting_parameters,
+)
 from pymc_subsample.step_methods.control import (
     CONTROL_VARIATES,
     ControlVariate,
@@ -66,25 +69,7 @@ from pymc_subsample.step_methods.warning_relay import (
 )
 from pymc_subsample.warnings import warn_user
 
-__all__ = ["SubsampleMHState", "SubsampleMetropolisBase", "SubsampleStepBase"]
-
-
-class TestDecision(Protocol):
-    """What a test kernel returns: a NamedTuple of stats with ``accepted`` and ``delta_star``."""
-
-    @property
-    def accepted(self) -> bool:
-        """Whether the proposal was accepted."""
-
-    @property
-    def delta_star(self) -> float:
-        """The estimate of the log acceptance ratio the decision was made on."""
-
-    @property
-    def full_data(self) -> bool:
-        """Whether the test read every row (then it was exact)."""
-
-    def _asdict(self) -> dict[str, Any]: ...
+__all__ = ["STEP_STATS", "SubsampleMH", "SubsampleMHState", "SubsampleStepBase"]
 
 
 @dataclass_state
@@ -237,42 +222,75 @@ class SubsampleStepBase(ArrayStepShared):
         return Competence.INCOMPATIBLE
 
 
-class SubsampleMetropolisBase(SubsampleStepBase):
+#: The stats every Metropolis-Hastings step adds to its test's (``SubsampleMH._draw_stats``
+#: and the control variate's diagnostics).
+STEP_STATS: dict[str, StatSpec] = {
+    "n_grad_rows": (np.int64, []),
+    "n_steps": (np.int64, []),
+    "diverging": (bool, []),
+    "energy_error": (np.float64, []),
+    "scaling": (np.float64, []),
+    "temperature": (np.float64, []),
+    "residual_kurtosis": (np.float64, []),
+    "reference_distance": (np.float64, []),
+}
+
+
+class SubsampleMH(SubsampleStepBase):
     """Metropolis-Hastings whose accept test looks at a subset of the rows.
 
-    The proposal is a random walk or a Langevin step on a minibatch gradient (``proposal``).
+    A step is this class with a test: ``class MyMH(SubsampleMH, test=MyTest)`` (an
+    :class:`~pymc_subsample.AcceptanceTest` subclass) is a PyMC step whose constructor takes
+    the test's settings next to the ones below; its stats are the test's decision fields plus
+    :data:`STEP_STATS`. :class:`~pymc_subsample.AusterityMH` and
+    :class:`~pymc_subsample.MinibatchBarkerMH` are made this way; ``docs/architecture.md``
+    ("Tests") works an example. The parameters are those of
+    :class:`~pymc_subsample.AusterityMH`, whose docstring describes them.
     """
 
     _state_class = SubsampleMHState
     _progressbar_config = staticmethod(progressbar_config)
     _make_progressbar_update_functions = staticmethod(make_progressbar_updaters)
-    #: Maps (scaling, acceptance over the last interval) to the new scaling during tuning.
-    _tune_rule: Callable[[float, float], float] = staticmethod(tune_scaling)
-    #: The stat names of the subclass's test decision (a NamedTuple's fields).
-    _decision_fields: tuple[str, ...] = ()
-    #: Default batch_size without a control variate (a subclass sets its test's own).
-    _uncontrolled_batch_size = 100
+    name = "subsample_mh"
+    #: The test part this step class decides with (set by the class statement's ``test=``).
+    test_class: ClassVar[type[AcceptanceTest] | None] = None
+
+    def __init_subclass__(cls, test: type[AcceptanceTest] | None = None, **kwargs: Any) -> None:
+        if test is not None:
+            if not (isinstance(test, type) and issubclass(test, AcceptanceTest)):
+                raise TypeError(f"test= must be an AcceptanceTest subclass, got {test!r}.")
+            cls.test_class = test
+            cls.stats_dtypes_shapes = {**test.stats, **STEP_STATS}
+            if "__init__" not in cls.__dict__:
+                _give_constructor(cls, test)
+        super().__init_subclass__(**kwargs)
 
     def __init__(
         self,
         vars: Sequence[TensorVariable] | None = None,
         *,
-        batch_size: int | None,
-        temperature: float,
-        proposal: str | ProposalFunction,
-        scaling: float | None,
-        proposal_cov: ArrayLike | None,
-        tune_interval: int,
-        obs_dim: str | None,
-        model: pm.Model | None,
-        rng: RandomGenerator,
-        compile_kwargs: dict[str, Any] | None,
+        batch_size: int | None = None,
+        temperature: float = 1.0,
+        proposal: str | ProposalFunction = "auto",
+        scaling: float | None = None,
+        proposal_cov: ArrayLike | None = None,
+        tune_interval: int = 100,
+        obs_dim: str | None = None,
+        model: pm.Model | None = None,
+        rng: RandomGenerator = None,
+        compile_kwargs: dict[str, Any] | None = None,
         blocked: bool = True,
         control_variate: str | None = AUTO,
         reference_point: Any = None,
         recenter: str | None = None,
         fused: bool = True,
+        **test_settings: Any,
     ) -> None:
+        #: The test part, built from the test's settings first (they are checked before the
+        #: model is compiled).
+        self.test: AcceptanceTest = _build_test(type(self), test_settings)
+        #: The stat names of the test's decision, in order (the fused draw's result layout).
+        self._decision_fields: tuple[str, ...] = tuple(self.test.decision._fields)
         self.temperature = _check_temperature(temperature)
         self.tune_interval = _check_int("tune_interval", tune_interval, minimum=1)
         requested_proposal = _check_proposal(proposal, proposal_cov)
@@ -325,7 +343,7 @@ class SubsampleMetropolisBase(SubsampleStepBase):
         )
         if batch_size is None:
             default = (
-                self._uncontrolled_batch_size if self.control is None else CONTROLLED_BATCH_SIZE
+                self.test.uncontrolled_batch_size if self.control is None else CONTROLLED_BATCH_SIZE
             )
             # At most N: with fewer rows than a default batch the test is exact, as it should be.
             self.batch_size = min(default, self.oracles.n_rows)
@@ -453,7 +471,7 @@ class SubsampleMetropolisBase(SubsampleStepBase):
         return ChainDiagnostics(
             self.batch_size,
             self.oracles.n_rows,
-            warn_fallback=not self._exact_by_design(),
+            warn_fallback=not self.test.exact(self),
             control_variate=self.control is not None,
         )
 
@@ -563,10 +581,6 @@ class SubsampleMetropolisBase(SubsampleStepBase):
             )
         return "random_walk"
 
-    def _exact_by_design(self) -> bool:
-        """Whether every decision reads all rows by request (then no fallback warning)."""
-        return False
-
     def _make_part(self, proposal_cov: ArrayLike | None) -> ProposalPart:
         """Return the part of ``proposal_kind`` (the user's function's, for a function)."""
         if self._user_proposal is not None:
@@ -635,7 +649,7 @@ class SubsampleMetropolisBase(SubsampleStepBase):
             # moves by the proxies' exact sum R / T (kernels/control_variates.py).
             log_ratio_rows = control.residual_rows(q_new, q_old)
             log_prior_proposal_ratio += control.log_threshold_shift(q_new, q_old)
-        decision = self._decide(log_ratio_rows, log_prior_proposal_ratio)
+        decision = self.test.decide(self, log_ratio_rows, log_prior_proposal_ratio)
         if self.tune and self.proposal_part.scaling_rule == "part":
             self.proposal_part.after_decision(self, q_new if decision.accepted else q_old, decision)
         return (q_new if decision.accepted else q_old), decision._asdict()
@@ -681,16 +695,6 @@ class SubsampleMetropolisBase(SubsampleStepBase):
             self._reshape_proposal(self.control.covariance)
         self._tune_blocks = []
 
-    def fused_test(self) -> tuple[int, float, CorrectionDistribution | None] | None:
-        """Return the test as the fused draw runs it: kind, epsilon, correction; or None."""
-        return None
-
-    @abstractmethod
-    def _decide(
-        self, log_ratio_rows: Callable[[np.ndarray], np.ndarray], log_prior_proposal_ratio: float
-    ) -> TestDecision:
-        """Run the subclass's test kernel; the result's fields are stat names."""
-
     def _draw_stats(self) -> dict[str, float]:
         """Stats of the step itself, added to the kernel's."""
         part = self.proposal_part
@@ -703,15 +707,10 @@ class SubsampleMetropolisBase(SubsampleStepBase):
             "temperature": self.temperature,
         }
 
-    @staticmethod
-    def _acceptance_statistic(decision: TestDecision) -> float:
-        """Return what the HMC step size's dual averaging reads of a decision: the decision."""
-        return float(decision.accepted)
-
     def _adapt_scaling(self) -> None:
         acceptance = self.accepted_since_tune / self.tune_interval
         if self.proposal_part.scaling_rule == "acceptance":
-            self.scaling = float(self._tune_rule(self.scaling, acceptance))
+            self.scaling = self.test.tune(self.scaling, acceptance)
         self.steps_until_tune = self.tune_interval
         self.accepted_since_tune = 0
 
@@ -799,3 +798,40 @@ def _warn_row_length_deterministics(
             "recorded draw, which costs O(N) whatever the step does. Leave them out with "
             "pm.sample(var_names=[...]) and compute them afterwards if needed.",
         )
+
+
+def _build_test(step_class: type[SubsampleMH], settings: dict[str, Any]) -> AcceptanceTest:
+    """Build the step class's test from the constructor's remaining keyword arguments."""
+    test = step_class.test_class
+    if test is None:
+        raise TypeError(
+            f"{step_class.__name__} has no acceptance test: use pms.AusterityMH or "
+            "pms.MinibatchBarkerMH, or make a step with class MyMH(pms.SubsampleMH, test=MyTest)."
+        )
+    known = {parameter.name for parameter in setting_parameters(test)}
+    unknown = sorted(set(settings) - known)
+    if unknown:
+        raise TypeError(
+            f"{step_class.__name__} got unexpected keyword argument(s) {unknown}; its test "
+            f"{test.__name__} takes {sorted(known) or 'none'}."
+        )
+    return test(**settings)
+
+
+def _give_constructor(step_class: type[SubsampleMH], test: type[AcceptanceTest]) -> None:
+    """Give ``step_class`` a constructor whose signature names the test's settings too.
+
+    The constructor is ``SubsampleMH.__init__``; only its signature (what ``help``, IDEs and
+    the API docs show) gains the test's keyword arguments after ``vars``.
+    """
+
+    def __init__(self: SubsampleMH, vars: Any = None, **settings: Any) -> None:
+        SubsampleMH.__init__(self, vars, **settings)
+
+    base = list(inspect.signature(SubsampleMH.__init__).parameters.values())
+    own = [p for p in base if p.kind is not inspect.Parameter.VAR_KEYWORD]
+    signature = inspect.Signature([*own[:2], *setting_parameters(test), *own[2:]])
+    __init__.__signature__ = signature  # type: ignore[attr-defined]
+    __init__.__qualname__ = f"{step_class.__qualname__}.__init__"
+    __init__.__doc__ = f"Build the step; see :class:`{step_class.__name__}` for the arguments."
+    setattr(step_class, "__init__", __init__)  # noqa: B010

@@ -12,7 +12,7 @@ under a key made of theirs and this package's kernel source. The numeric parts a
 ``kernels/fused.py``.
 
 Where a draw cannot be fused, :func:`fused_obstacle` says why and the step runs its Python
-path (``SubsampleMetropolisBase.astep``); the step's ``draw_path`` attribute says which.
+path (``SubsampleMH.astep``); the step's ``draw_path`` attribute says which.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from pymc_subsample.step_methods.proposal_parts.independent import IndependentPa
 from pymc_subsample.step_methods.proposal_parts.random_walk import RandomWalkPart
 
 if TYPE_CHECKING:
-    from pymc_subsample.step_methods.base import SubsampleMetropolisBase
+    from pymc_subsample.step_methods.base import SubsampleMH
 
 __all__ = ["FUSED_PROPOSALS", "FusedDraw", "fused_obstacle", "seed_fused_draws"]
 
@@ -48,15 +48,15 @@ DRIVER_VERSION = 2
 FUSED_PROPOSALS = {RandomWalkPart: fused.RANDOM_WALK, IndependentPart: fused.INDEPENDENT}
 
 
-def fused_obstacle(step: SubsampleMetropolisBase) -> str | None:
+def fused_obstacle(step: SubsampleMH) -> str | None:
     """Why ``step``'s draws cannot run as one compiled call; None if they can."""
     if type(step.proposal_part) not in FUSED_PROPOSALS:
         return f"the {step.proposal_kind} proposal runs in Python"
     if not step.oracles.rows_depend_on_q:
         return "no row of the likelihood depends on the step's variables"
-    test = step.fused_test()
+    test = step.test.fused(step)
     if test is None:
-        return "this test's settings run in Python"
+        return f"{type(step.test).__name__} has no fused kernel with these settings"
     return None
 
 
@@ -65,7 +65,7 @@ class FusedDraw:
 
     Parameters
     ----------
-    step : SubsampleMetropolisBase
+    step : SubsampleMH
         The step whose proposal, control variate, test and rows the draw uses; it must have
         no :func:`fused_obstacle`. What the step changes between draws (the proposal after
         re-centring, the control variate and the row sampler after ``pm.set_data``) is read
@@ -77,7 +77,7 @@ class FusedDraw:
         If PyTensor's Numba backend cannot compile the model's functions.
     """
 
-    def __init__(self, step: SubsampleMetropolisBase) -> None:
+    def __init__(self, step: SubsampleMH) -> None:
         self._step = step
         self._key: tuple[Any, ...] = ()
         self._driver: Callable[..., Any] | None = None
@@ -155,7 +155,7 @@ class FusedDraw:
             gradient_sum, hessian_sum = proxy.gradient_sum, proxy.hessian_sum
             precision = control.precision
         sampler = step.row_sampler
-        test = step.fused_test()
+        test = step.test.fused(step)
         assert test is not None
         test_kind, error_tolerance, correction = test
         n_rows, batch_size = oracles.n_rows, step.batch_size

@@ -32,7 +32,8 @@ from pymc_subsample.step_methods.proposal_parts import ProposalPart, register_pr
 if TYPE_CHECKING:
     from numpy.typing import ArrayLike
 
-    from pymc_subsample.step_methods.base import SubsampleMetropolisBase, TestDecision
+    from pymc_subsample.step_methods.acceptance_tests import TestDecision
+    from pymc_subsample.step_methods.base import SubsampleMH
 
 __all__ = ["MASS_WINDOW_ENDS", "HamiltonianPart"]
 
@@ -64,7 +65,7 @@ class HamiltonianPart(ProposalPart):
         self._tuning_draws = 0
 
     @classmethod
-    def obstacle(cls, step: SubsampleMetropolisBase) -> str | None:
+    def obstacle(cls, step: SubsampleMH) -> str | None:
         """Refuse rows whose gradients are not finite where their log-likelihood is."""
         return gradient_obstacle(step.oracles)
 
@@ -83,11 +84,11 @@ class HamiltonianPart(ProposalPart):
         """The last trajectory's length and whether it diverged."""
         return self._trajectory
 
-    def build_kernel(self, step: SubsampleMetropolisBase) -> HamiltonianProposal:
+    def build_kernel(self, step: SubsampleMH) -> HamiltonianProposal:
         """Return the trajectory kernel with the mass's inverse :attr:`proposal_cov`."""
         return HamiltonianProposal(step.oracles.n_params, self.proposal_cov)
 
-    def propose(self, step: SubsampleMetropolisBase, q: np.ndarray) -> tuple[np.ndarray, float]:
+    def propose(self, step: SubsampleMH, q: np.ndarray) -> tuple[np.ndarray, float]:
         """Run one trajectory of jittered length on a gradient drawn for it."""
         if not (0.0 < step.scaling < math.inf):
             raise RuntimeError(
@@ -101,9 +102,7 @@ class HamiltonianPart(ProposalPart):
         )
         return q_new, log_ratio
 
-    def trajectory_gradient(
-        self, step: SubsampleMetropolisBase
-    ) -> Callable[[np.ndarray], np.ndarray]:
+    def trajectory_gradient(self, step: SubsampleMH) -> Callable[[np.ndarray], np.ndarray]:
         """Return the gradient estimate that drives one trajectory, fixed for its whole length.
 
         The exact gradient (all rows, read in place) or a minibatch drawn with replacement,
@@ -149,7 +148,7 @@ class HamiltonianPart(ProposalPart):
         return first_order
 
     @staticmethod
-    def trajectory_gradient_rows(step: SubsampleMetropolisBase) -> int:
+    def trajectory_gradient_rows(step: SubsampleMH) -> int:
         """Rows of each trajectory's gradient: N, or ``TRAJECTORY_GRADIENT_ROWS`` of them.
 
         All N when N is at most that, and without a control variate at temperature 1, where a
@@ -162,7 +161,7 @@ class HamiltonianPart(ProposalPart):
             return n_rows
         return TRAJECTORY_GRADIENT_ROWS
 
-    def gradient_rows(self, step: SubsampleMetropolisBase) -> int:
+    def gradient_rows(self, step: SubsampleMH) -> int:
         """Rows read by the last trajectory's gradients: its rows times the points evaluated."""
         if not step.oracles.rows_depend_on_q:
             return 0
@@ -174,20 +173,18 @@ class HamiltonianPart(ProposalPart):
             n_points = 2 * n_points if step.control.proxy.order == 2 else n_points + 1
         return n_gradient * n_points
 
-    def after_decision(
-        self, step: SubsampleMetropolisBase, q_next: np.ndarray, decision: TestDecision
-    ) -> None:
+    def after_decision(self, step: SubsampleMH, q_next: np.ndarray, decision: TestDecision) -> None:
         """Tune the step size by dual averaging and, without a covariance, a diagonal mass.
 
         The step size follows Hoffman and Gelman (2014, section 3.2) on each draw's acceptance
-        statistic (``step._acceptance_statistic``: the decision, or for Barker the Metropolis
+        statistic (``step.test.acceptance_statistic``: the decision, or for Barker the Metropolis
         acceptance probability of its estimate), towards ``TRAJECTORY_TARGET_ACCEPTANCE``. The
         mass is Stan's windowed adaptation: the regularised variances of the draws in each
         window of ``MASS_WINDOW_ENDS`` become the proposal covariance, and the step size
         adaptation restarts from there.
         """
         self._step_size = dual_averaging_step(
-            self._step_size, step._acceptance_statistic(decision), TRAJECTORY_TARGET_ACCEPTANCE
+            self._step_size, step.test.acceptance_statistic(decision), TRAJECTORY_TARGET_ACCEPTANCE
         )
         step.scaling = float(np.exp(self._step_size.log_step))
         if not self.adapts_mass:
@@ -208,7 +205,7 @@ class HamiltonianPart(ProposalPart):
             self._mass_moments[:] = 0.0
             self._step_size = start_dual_averaging(step.scaling)
 
-    def reset(self, step: SubsampleMetropolisBase) -> None:
+    def reset(self, step: SubsampleMH) -> None:
         """Start the step size adaptation from the chain's first step size, the mass anew."""
         self._step_size = start_dual_averaging(step.scaling)
         self._mass_moments = np.zeros((3, step.oracles.n_params))
@@ -216,7 +213,7 @@ class HamiltonianPart(ProposalPart):
         if self.adapts_mass:
             step.proposal = self.build_kernel(step)
 
-    def stop_tuning(self, step: SubsampleMetropolisBase) -> None:
+    def stop_tuning(self, step: SubsampleMH) -> None:
         """Keep the dual averaging's averaged step size from here on."""
         if self._step_size.iteration:
             step.scaling = float(np.exp(self._step_size.log_step_mean))

@@ -8,7 +8,7 @@ from pymc_subsample.kernels.user_proposal import UserProposal
 from pymc_subsample.step_methods.proposal_parts import ProposalPart
 
 if TYPE_CHECKING:
-    from pymc_subsample.step_methods.base import SubsampleMetropolisBase
+    from pymc_subsample.step_methods.base import SubsampleMH
 
 __all__ = ["USER_PROPOSAL", "UserPart"]
 
@@ -36,6 +36,6 @@ class UserPart(ProposalPart):
         """1: the function's own spread, as written."""
         return 1.0
 
-    def build_kernel(self, step: SubsampleMetropolisBase) -> UserProposal:
+    def build_kernel(self, step: SubsampleMH) -> UserProposal:
         """Return the wrapped function."""
         return self.kernel

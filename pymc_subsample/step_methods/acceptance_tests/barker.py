@@ -1,0 +1,122 @@
+"""The minibatch Barker test of Seita, Pan, Chen and Canny (UAI 2018), Algorithm 1, as a part."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, ClassVar
+
+import numpy as np
+
+from pymc_subsample.kernels import fused as fused_kernels
+from pymc_subsample.kernels.barker import BarkerDecision, minibatch_barker_test
+from pymc_subsample.kernels.correction import correction_distribution
+from pymc_subsample.step_methods.acceptance_tests import (
+    AcceptanceTest,
+    FusedTest,
+    StatSpec,
+    TestDecision,
+)
+
+if TYPE_CHECKING:
+    from pymc_subsample.step_methods.base import SubsampleMH
+
+__all__ = ["BarkerTest", "barker_tune"]
+
+
+def barker_tune(scaling: float, acceptance: float) -> float:
+    """Adapt the proposal scale for a Barker test, whose acceptance never exceeds 1/2.
+
+    PyMC's Metropolis rule only enlarges steps above 50% acceptance, which a Barker test never
+    reaches, so small steps would stay small. This rule aims at 15% to 30% (the optimal random
+    walk Barker acceptance is about 15.8% in high dimension; Agrawal, Vats, Latuszynski and
+    Roberts 2023) and doubles the scale above 40%, where steps are far below the posterior scale.
+
+    Examples
+    --------
+    >>> barker_tune(1.0, 0.48), barker_tune(1.0, 0.2), barker_tune(1.0, 0.0)
+    (2.0, 1.0, 0.1)
+    """
+    for below, factor in ((0.001, 0.1), (0.05, 0.5), (0.15, 0.9)):
+        if acceptance < below:
+            return scaling * factor
+    for above, factor in ((0.4, 2.0), (0.3, 1.1)):
+        if acceptance > above:
+            return scaling * factor
+    return scaling
+
+
+class BarkerTest(AcceptanceTest):
+    """Accept iff ``Delta* + X_nc + X_corr > 0``, growing the batch while ``s^2 >= 1`` (eq. 13).
+
+    Parameters
+    ----------
+    error_bound : float, optional
+        The paper's delta, in (0, 1): also grow the batch until Corollary 1's bound on the CDF
+        error of ``Delta*`` is at most this (then the draw runs in Python). None skips it.
+    """
+
+    decision = BarkerDecision
+    stats: ClassVar[dict[str, StatSpec]] = {
+        "accepted": (np.float64, []),
+        "n_data": (np.int64, []),
+        "n_batches": (np.int64, []),
+        "full_data": (bool, []),
+        "variance": (np.float64, []),
+        "clt_error": (np.float64, []),
+        "nonfinite_proposal": (bool, []),
+        "delta_star": (np.float64, []),
+        "residual_kurtosis": (np.float64, []),
+    }
+
+    def __init__(self, error_bound: float | None = None) -> None:
+        self.error_bound = _check_error_bound(error_bound)
+        #: X_corr for sigma = 1 (``kernels/correction.py``), computed once.
+        self.correction = correction_distribution(1.0)
+
+    def fused(self, step: SubsampleMH) -> FusedTest | None:
+        """Return the Barker test with its correction; with ``error_bound``, None (Python)."""
+        if self.error_bound is not None:
+            return None
+        return FusedTest(fused_kernels.BARKER, 0.0, self.correction)
+
+    def tune(self, scaling: float, acceptance: float) -> float:
+        """:func:`barker_tune`: Barker accepts at most about half of the proposals."""
+        return barker_tune(scaling, acceptance)
+
+    def acceptance_statistic(self, decision: TestDecision) -> float:
+        """Return the Metropolis acceptance probability of the estimate, ``min(1, exp(Delta*))``.
+
+        Barker accepts at most about half of the proposals whatever the step size, so the HMC
+        step size is tuned on this, as Stan tunes on its own acceptance probability.
+        """
+        return float(min(1.0, np.exp(min(decision.delta_star, 0.0))))
+
+    def decide(
+        self,
+        step: SubsampleMH,
+        log_ratio_rows: Callable[[np.ndarray], np.ndarray],
+        log_prior_proposal_ratio: float,
+    ) -> BarkerDecision:
+        """Run Algorithm 1 of Seita et al. (``kernels/barker.py``)."""
+        return minibatch_barker_test(
+            step.rng,
+            log_ratio_rows,
+            step.row_sampler,
+            log_prior_proposal_ratio,
+            step.batch_size,
+            step.temperature,
+            self.error_bound,
+            self.correction,
+        )
+
+
+def _check_error_bound(error_bound: float | None) -> float | None:
+    if error_bound is None:
+        return None
+    value = float(error_bound)
+    if not 0.0 < value < 1.0:
+        raise ValueError(
+            f"error_bound must be in (0, 1) or None, got {error_bound!r}. It bounds the CDF "
+            "error of the minibatch estimate (the paper's delta); None skips the bound."
+        )
+    return value
