@@ -13,6 +13,8 @@ from pymc_subsample.kernels.user_proposal import ProposalFunction
 from pymc_subsample.plots import plot_data_usage
 from pymc_subsample.reference import ReferencePoint, find_reference_point
 from pymc_subsample.step_methods import SGFS, AusterityMH, MinibatchBarkerMH, PolynomialStepSize
+from pymc_subsample.step_methods.acceptance_tests import AcceptanceTest
+from pymc_subsample.step_methods.base import SubsampleMH
 from pymc_subsample.step_methods.proposal_parts import ProposalPart, register_proposal
 from pymc_subsample.warnings import SubsampleWarning
 
@@ -20,12 +22,14 @@ __version__ = "0.1.0"
 
 __all__ = [
     "SGFS",
+    "AcceptanceTest",
     "AusterityMH",
     "MinibatchBarkerMH",
     "PolynomialStepSize",
     "ProposalFunction",
     "ProposalPart",
     "ReferencePoint",
+    "SubsampleMH",
     "SubsampleWarning",
     "__version__",
     "find_reference_point",

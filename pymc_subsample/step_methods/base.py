@@ -290,7 +290,7 @@ class SubsampleMH(SubsampleStepBase):
         #: model is compiled).
         self.test: AcceptanceTest = _build_test(type(self), test_settings)
         #: The stat names of the test's decision, in order (the fused draw's result layout).
-        self._decision_fields: tuple[str, ...] = tuple(self.test.decision._fields)
+        self._decision_fields = self.test.fields
         self.temperature = _check_temperature(temperature)
         self.tune_interval = _check_int("tune_interval", tune_interval, minimum=1)
         requested_proposal = _check_proposal(proposal, proposal_cov)

@@ -56,7 +56,7 @@ def fused_obstacle(step: SubsampleMH) -> str | None:
         return "no row of the likelihood depends on the step's variables"
     test = step.test.fused(step)
     if test is None:
-        return f"{type(step.test).__name__} has no fused kernel with these settings"
+        return f"the {type(step.test).__name__} test has no fused kernel with these settings"
     return None
 
 

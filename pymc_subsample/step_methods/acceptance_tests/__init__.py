@@ -81,6 +81,8 @@ class AcceptanceTest(ABC):
     decision: ClassVar[type]
     #: dtype and shape of every field of :attr:`decision` (PyMC's ``stats_dtypes_shapes``).
     stats: ClassVar[dict[str, StatSpec]]
+    #: The decision's field names, in order (set from :attr:`decision`).
+    fields: ClassVar[tuple[str, ...]] = ()
     #: The step's ``batch_size`` default without a control variate (with one it is 100).
     uncontrolled_batch_size: ClassVar[int] = 100
 
@@ -100,6 +102,7 @@ class AcceptanceTest(ABC):
                 f"{cls.__name__}.stats must give a (dtype, shape) for each field of its decision "
                 f"{fields}, got {tuple(cls.stats)}."
             )
+        cls.fields = fields
 
     @abstractmethod
     def decide(
