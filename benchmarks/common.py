@@ -6,6 +6,7 @@ import json
 import platform
 import resource
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -105,6 +106,24 @@ def write_json(name: str, payload: dict[str, Any]) -> Path:
     path.write_text(json.dumps({"machine": machine(), **payload}, indent=2) + "\n")
     print(f"wrote {path}")
     return path
+
+
+def run_per_rows_in_children(script: str, rows: list[int]) -> list[dict[str, Any]]:
+    """Run ``script --child N`` for each N in its own process (fresh memory), one after another.
+
+    The child prints its result as JSON on its last line; each is echoed as it arrives.
+    """
+    runs = []
+    for n_rows in rows:
+        done = subprocess.run(
+            [sys.executable, script, "--child", str(n_rows)],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
+        print(json.dumps(runs[-1], indent=1), flush=True)
+    return runs
 
 
 def run_limited(

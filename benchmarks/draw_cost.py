@@ -36,14 +36,12 @@ from __future__ import annotations
 import argparse
 import json
 import resource
-import subprocess
-import sys
 import time
 from typing import Any, ClassVar
 
 import numpy as np
 import pymc as pm
-from common import logistic_data, logistic_model, write_json
+from common import logistic_data, logistic_model, run_per_rows_in_children, write_json
 from pymc.step_methods.arraystep import ArrayStepShared
 
 import pymc_subsample as pms
@@ -230,16 +228,7 @@ def main() -> None:
     if args.child:
         print(json.dumps(run_rows(args.child)))
         return
-    runs = []
-    for n_rows in args.rows:
-        done = subprocess.run(
-            [sys.executable, __file__, "--child", str(n_rows)],
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-        runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
-        print(json.dumps(runs[-1], indent=1))
+    runs = run_per_rows_in_children(__file__, args.rows)
     flat = {
         name: max(run[name]["us_per_draw"] for run in runs)
         / min(run[name]["us_per_draw"] for run in runs)
