@@ -24,14 +24,12 @@ batch and more than 1,000 rows, the largest draw), and microseconds per draw ins
 
 from __future__ import annotations
 
-import argparse
-import json
 import time
 from typing import Any
 
 import numpy as np
 import pymc as pm
-from common import logistic_data, logistic_model, run_per_rows_in_children, write_json
+from common import logistic_data, logistic_model, runs_per_rows, write_json
 
 import pymc_subsample as pms
 
@@ -81,16 +79,9 @@ def run_rows(n_rows: int) -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--rows", type=int, nargs="+", default=[10_000, 100_000, 1_000_000, 10_000_000]
-    )
-    parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.child:
-        print(json.dumps(run_rows(args.child)))
+    runs = runs_per_rows(__file__, run_rows, __doc__.splitlines()[0])
+    if runs is None:  # a child process: its one N is printed
         return
-    runs = run_per_rows_in_children(__file__, args.rows)
     spread = {
         key: max(run[key] for run in runs) / min(run[key] for run in runs)
         for key in ("rows_per_draw", "us_per_draw", "median_us_per_draw")

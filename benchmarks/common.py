@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import platform
 import resource
@@ -108,13 +109,26 @@ def write_json(name: str, payload: dict[str, Any]) -> Path:
     return path
 
 
-def run_per_rows_in_children(script: str, rows: list[int]) -> list[dict[str, Any]]:
-    """Run ``script --child N`` for each N in its own process (fresh memory), one after another.
+def runs_per_rows(
+    script: str, run_rows: Callable[[int], dict[str, Any]], description: str
+) -> list[dict[str, Any]] | None:
+    """Run ``run_rows(N)`` for each ``--rows`` N, each in its own process (fresh memory).
 
-    The child prints its result as JSON on its last line; each is echoed as it arrives.
+    The script calls this from ``main``: it parses ``--rows`` (default 1e4 ... 1e7) and runs
+    ``script --child N`` for each N, one after another. In that child it prints ``run_rows(N)``
+    as JSON and returns None; in the parent it echoes each result and returns them all.
     """
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument(
+        "--rows", type=int, nargs="+", default=[10_000, 100_000, 1_000_000, 10_000_000]
+    )
+    parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(run_rows(args.child)))
+        return None
     runs = []
-    for n_rows in rows:
+    for n_rows in args.rows:
         done = subprocess.run(
             [sys.executable, script, "--child", str(n_rows)],
             capture_output=True,

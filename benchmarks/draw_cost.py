@@ -33,15 +33,13 @@ Each N runs in its own child process (fresh memory), one after the other.
 
 from __future__ import annotations
 
-import argparse
-import json
 import resource
 import time
 from typing import Any, ClassVar
 
 import numpy as np
 import pymc as pm
-from common import logistic_data, logistic_model, run_per_rows_in_children, write_json
+from common import logistic_data, logistic_model, runs_per_rows, write_json
 from pymc.step_methods.arraystep import ArrayStepShared
 
 import pymc_subsample as pms
@@ -112,13 +110,13 @@ def per_draw(step: Any, model: pm.Model) -> dict[str, Any]:
 
 def fused_direct(step: Any) -> float:
     """Microseconds per draw of a step's fused draw called in a plain Python loop."""
-    draw, fields = step._fused_draw(), step._decision_fields
+    draw = step._fused_draw()
     q = step.control.proxy.reference.copy()
     for _ in range(100):
-        q, _ = draw.draw(q, step.scaling, fields)
+        q, _ = draw.draw(q, step.scaling)
     start = time.perf_counter()
     for _ in range(20_000):
-        q, _ = draw.draw(q, step.scaling, fields)
+        q, _ = draw.draw(q, step.scaling)
     return (time.perf_counter() - start) / 20_000 * 1e6
 
 
@@ -219,16 +217,9 @@ def run_rows(n_rows: int) -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--rows", type=int, nargs="+", default=[10_000, 100_000, 1_000_000, 10_000_000]
-    )
-    parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.child:
-        print(json.dumps(run_rows(args.child)))
+    runs = runs_per_rows(__file__, run_rows, __doc__.splitlines()[0])
+    if runs is None:  # a child process: its one N is printed
         return
-    runs = run_per_rows_in_children(__file__, args.rows)
     flat = {
         name: max(run[name]["us_per_draw"] for run in runs)
         / min(run[name]["us_per_draw"] for run in runs)

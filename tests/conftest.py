@@ -2,14 +2,29 @@
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 from pathlib import Path
+from types import ModuleType
 
 import numpy as np
 import pymc as pm
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
+
+EXAMPLES = Path(__file__).parents[1] / "examples"
+
+
+def example_module(name: str) -> ModuleType:
+    """Import ``examples/<name>.py`` once per process (importing it registers what it adds)."""
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, EXAMPLES / f"{name}.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
 
 
 def linear_regression_data(n_rows: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:

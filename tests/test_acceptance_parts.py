@@ -25,11 +25,8 @@ Two checks of its correctness:
 
 from __future__ import annotations
 
-import importlib.util
 import inspect
 import math
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 from typing import ClassVar, NamedTuple
 
@@ -37,24 +34,13 @@ import arviz as az
 import numpy as np
 import pymc as pm
 import pytest
+from conftest import example_module
 from scipy.special import expit, log_expit, logsumexp
 
 import pymc_subsample as pms
 from pymc_subsample.kernels.row_sampler import RowSampler
 
 SAMPLE = {"progressbar": False, "compute_convergence_checks": False, "cores": 1}
-EXAMPLE = Path(__file__).parents[1] / "examples" / "penalty_test.py"
-
-
-def example_module():
-    """Import the worked example once."""
-    if "penalty_test" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("penalty_test", EXAMPLE)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["penalty_test"] = module
-        spec.loader.exec_module(module)
-    return sys.modules["penalty_test"]
 
 
 def test_the_steps_are_made_of_their_tests():
@@ -69,7 +55,7 @@ def test_the_steps_are_made_of_their_tests():
 
 
 def test_a_test_from_outside_makes_a_step_with_its_settings_and_stats():
-    penalty = example_module()
+    penalty = example_module("penalty_test")
     parameters = inspect.signature(penalty.PenaltyMH).parameters
     assert parameters["variance_limit"].default == 1.0
     assert "control_variate" in parameters and "proposal" in parameters
@@ -115,7 +101,7 @@ def acceptance_rate(test, values: np.ndarray, offset: float, n_decisions: int, s
 
 
 def test_the_penalty_decision_satisfies_detailed_balance():
-    penalty = example_module()
+    penalty = example_module("penalty_test")
     n_rows, batch = 20_000, 500
     rng = np.random.default_rng(0)
     values = rng.standard_normal(n_rows)
@@ -130,7 +116,7 @@ def test_the_penalty_decision_satisfies_detailed_balance():
 
 
 def test_the_penalty_step_samples_an_exact_posterior():
-    penalty = example_module()
+    penalty = example_module("penalty_test")
     rng = np.random.default_rng(5)
     x = rng.normal(size=20_000)
     y = rng.random(x.size) < expit(0.3 * x)

@@ -17,31 +17,16 @@ below 1e-4 per assertion, 12 assertions).
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import arviz as az
 import numpy as np
 import pymc as pm
 import pytest
+from conftest import example_module
 
 import pymc_subsample as pms
 from pymc_subsample.step_methods.proposal_parts import PROPOSAL_PARTS, proposal_names
 
 SAMPLE = {"progressbar": False, "compute_convergence_checks": False, "cores": 1}
-EXAMPLE = Path(__file__).parents[1] / "examples" / "student_t_proposal.py"
-
-
-def example_module():
-    """Import the worked example once (importing it registers its part)."""
-    if "student_t_proposal" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("student_t_proposal", EXAMPLE)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["student_t_proposal"] = module
-        spec.loader.exec_module(module)
-    return sys.modules["student_t_proposal"]
 
 
 def gaussian_regression(n_rows: int = 3000, seed: int = 3):
@@ -63,7 +48,7 @@ def test_the_builtin_proposals_are_registered_parts():
 
 @pytest.mark.parametrize("step_class", [pms.AusterityMH, pms.MinibatchBarkerMH])
 def test_a_registered_proposal_samples_the_exact_posterior(step_class):
-    example = example_module()
+    example = example_module("student_t_proposal")
     model, mean, cov = gaussian_regression()
     with model:
         step = step_class(proposal="student_t_independent")
@@ -81,7 +66,7 @@ def test_a_registered_proposal_samples_the_exact_posterior(step_class):
 
 
 def test_a_registered_proposal_is_refused_where_its_obstacle_says():
-    example_module()
+    example_module("student_t_proposal")
     model, _, _ = gaussian_regression(n_rows=500)
     with model, pytest.raises(ValueError, match="cannot be used here: it needs a control"):
         pms.AusterityMH(proposal="student_t_independent", control_variate=None)

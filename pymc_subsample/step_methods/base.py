@@ -223,7 +223,7 @@ class SubsampleStepBase(ArrayStepShared):
 
 
 #: The stats every Metropolis-Hastings step adds to its test's (``SubsampleMH._draw_stats``
-#: and the control variate's diagnostics).
+#: and the control variate's distance; ``residual_kurtosis`` is a decision field).
 STEP_STATS: dict[str, StatSpec] = {
     "n_grad_rows": (np.int64, []),
     "n_steps": (np.int64, []),
@@ -231,7 +231,6 @@ STEP_STATS: dict[str, StatSpec] = {
     "energy_error": (np.float64, []),
     "scaling": (np.float64, []),
     "temperature": (np.float64, []),
-    "residual_kurtosis": (np.float64, []),
     "reference_distance": (np.float64, []),
 }
 
@@ -289,8 +288,6 @@ class SubsampleMH(SubsampleStepBase):
         #: The test part, built from the test's settings first (they are checked before the
         #: model is compiled).
         self.test: AcceptanceTest = _build_test(type(self), test_settings)
-        #: The stat names of the test's decision, in order (the fused draw's result layout).
-        self._decision_fields = self.test.fields
         self.temperature = _check_temperature(temperature)
         self.tune_interval = _check_int("tune_interval", tune_interval, minimum=1)
         requested_proposal = _check_proposal(proposal, proposal_cov)
@@ -388,7 +385,7 @@ class SubsampleMH(SubsampleStepBase):
         start = self.oracles.initial_q if self.control is None else self.control.proxy.reference
         try:
             self._fused = FusedDraw(self)
-            self._fused.draw(np.array(start, dtype=float), self.scaling, self._decision_fields)
+            self._fused.draw(np.array(start, dtype=float), self.scaling)
         except Exception as error:
             self._fused = None
             return f"python: PyTensor's Numba backend could not compile the draw ({error})"
@@ -602,7 +599,7 @@ class SubsampleMH(SubsampleStepBase):
         scaling = self.scaling  # the scale this draw uses (HMC tuning updates it per draw)
         fused_draw = self._fused_draw()
         if fused_draw is not None:
-            q, stats = fused_draw.draw(q_old, scaling, self._decision_fields)
+            q, stats = fused_draw.draw(q_old, scaling)
             distance_sq = stats.pop("distance_sq")
         else:
             q, stats = self._python_draw(q_old)

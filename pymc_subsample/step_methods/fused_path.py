@@ -61,7 +61,7 @@ def fused_obstacle(step: SubsampleMH) -> str | None:
 
 
 class FusedDraw:
-    """One step's compiled draw: ``draw(q_old, scaling, fields) -> (q, stats)``.
+    """One step's compiled draw: ``draw(q_old, scaling) -> (q, stats)``.
 
     Parameters
     ----------
@@ -85,17 +85,16 @@ class FusedDraw:
         #: The draw's result vector (``kernels/fused.RESULT_FIELDS``) and a NaN after it.
         self.result = np.zeros(len(fused.RESULT_FIELDS) + 1)
         self.result[-1] = math.nan
-        self._layouts: dict[tuple[str, ...], _StatsLayout] = {}
+        #: Where each of the test's stats is in the result (``step.test.fields``).
+        self._layout = _StatsLayout(step.test.fields)
         self._arguments: tuple[Any, ...] = ()
         self._implicit = False
         self._refresh()
 
-    def draw(
-        self, q_old: np.ndarray, scaling: float, fields: tuple[str, ...]
-    ) -> tuple[np.ndarray, dict[str, Any]]:
+    def draw(self, q_old: np.ndarray, scaling: float) -> tuple[np.ndarray, dict[str, Any]]:
         """Make one draw from ``q_old``; return the chain's next point and the test's stats.
 
-        ``fields`` are the stat names of the step's test; one the fused draw does not compute
+        The stats are named by the step's test's fields; one the fused draw does not compute
         (Barker's ``clt_error``, which needs ``error_bound``) is NaN.
         """
         if not all(map(operator.is_, self._key, self._current_key())):
@@ -106,10 +105,7 @@ class FusedDraw:
             q = self._driver(q_old, float(scaling), *self._arguments, *implicit)
         else:
             q = self._driver(q_old, float(scaling), *self._arguments)
-        layout = self._layouts.get(fields)
-        if layout is None:
-            layout = self._layouts[fields] = _StatsLayout(fields)
-        return q, layout.read(self.result)
+        return q, self._layout.read(self.result)
 
     def _current_key(self) -> tuple[Any, ...]:
         # Compared by identity: a new proposal, proxy or row sampler is new state to read.
