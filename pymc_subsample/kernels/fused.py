@@ -31,6 +31,8 @@ import math
 import numba
 import numpy as np
 
+from pymc_subsample.kernels.stages import KURTOSIS_SQUARES_MAX, KURTOSIS_SQUARES_MIN
+
 __all__ = [
     "AUSTERITY",
     "BARKER",
@@ -298,7 +300,7 @@ def consume_stages(
                 square = (values[k] - shift) ** 2
                 total_sq += square
                 fourth += square * square
-            if 0.0 < total_sq < 1e150:
+            if KURTOSIS_SQUARES_MIN < total_sq < KURTOSIS_SQUARES_MAX:
                 accumulator[_KURTOSIS] = first_size * fourth / (total_sq * total_sq) - 3.0
     shift = accumulator[_SHIFT]
     total, total_sq = accumulator[_TOTAL], accumulator[_TOTAL_SQ]

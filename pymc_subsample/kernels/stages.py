@@ -28,6 +28,9 @@ __all__ = ["StageOutcome", "StageStatistics", "evaluated_prefix", "run_stages", 
 
 #: Each oracle call of a test evaluates this many times more stages than the previous one.
 STAGE_GROWTH = 2
+#: The first stage's kurtosis needs its summed squared deviations in this range: above it the
+#: fourth powers' sum can overflow, below it the sum's square underflows to 0 (NaN instead).
+KURTOSIS_SQUARES_MIN, KURTOSIS_SQUARES_MAX = 1e-150, 1e150
 
 LogRatioRows = Callable[[np.ndarray], np.ndarray]
 #: ``rule(stats, prefix)`` returns, per stage of a call, whether the test may stop there;
@@ -255,8 +258,9 @@ def _first_stage(values: np.ndarray, total: float, n_rows: int, threshold: float
     length-1 arrays would cost several times the arithmetic (``docs/architecture.md``,
     "Per-draw cost"). The formulas are those of :func:`stage_statistics` (Korattikara et al.
     2014, eqs. 4, 5), shifted by the stage's own mean, whose centred squares also give the
-    excess kurtosis ``n sum d^4 / (sum d^2)^2 - 3`` (0 for a Gaussian; NaN below 4 values or for
-    constant values, which second-order proxies of a Gaussian likelihood give exactly).
+    excess kurtosis ``n sum d^4 / (sum d^2)^2 - 3`` (0 for a Gaussian; NaN below 4 values, for
+    constant values, which second-order proxies of a Gaussian likelihood give exactly, and for
+    summed squares outside ``KURTOSIS_SQUARES_MIN`` to ``KURTOSIS_SQUARES_MAX``).
     """
     n_values = values.size
     shift = total / n_values
@@ -265,8 +269,7 @@ def _first_stage(values: np.ndarray, total: float, n_rows: int, threshold: float
     shifted_total = float(deviations.sum())
     total_sq = float(squares.sum())
     kurtosis = math.nan
-    # Below 1e150 the fourth powers' sum cannot overflow (it is at most total_sq^2).
-    if n_values >= 4 and 0.0 < total_sq < 1e150:
+    if n_values >= 4 and KURTOSIS_SQUARES_MIN < total_sq < KURTOSIS_SQUARES_MAX:
         kurtosis = n_values * float(squares @ squares) / (total_sq * total_sq) - 3.0
     mean, std_error, test_error = _t_test(
         n_values, shifted_total, total_sq, shift, n_rows, threshold
