@@ -133,6 +133,43 @@ def test_overflowing_start_never_returns_a_worse_point():
     assert ref.point["b"] == pytest.approx(0.1, abs=0.02)
 
 
+def _tall_non_centred(n_rows: int = 20_000, n_groups: int = 8) -> pm.Model:
+    """A non-centred intercepts model with flat slope and noise priors, in the gallery's style."""
+    rng = np.random.default_rng(1)
+    group = rng.integers(0, n_groups, n_rows)
+    x = rng.normal(size=n_rows)
+    y = rng.normal(0.0, 0.5, n_groups)[group] + 0.7 * x + rng.normal(0.0, 1.0, n_rows)
+    coords = {"group": np.arange(n_groups), "obs": np.arange(n_rows)}
+    with pm.Model(coords=coords) as model:
+        x_data = pm.Data("x", x, dims="obs")
+        group_data = pm.Data("g", group, dims="obs")
+        mu_a = pm.Normal("mu_a", 0.0, 1.0)
+        sd_a = pm.HalfNormal("sd_a", 1.0)
+        z = pm.Normal("z", 0.0, 1.0, dims="group")
+        a = pm.Deterministic("a", mu_a + sd_a * z, dims="group")
+        b = pm.Flat("b")
+        sigma = pm.HalfFlat("sigma")
+        pm.Normal("y", a[group_data] + b * x_data, sigma, observed=y, dims="obs")
+    return model
+
+
+def test_unchecked_newton_step_that_loses_ground_is_backtracked():
+    # On the curved ridge of a non-centred hierarchy with 2,500 rows per group, a full Newton
+    # step taken on all rows without a line search (squared decrement 0.57, below d = 12)
+    # sent the log posterior from -2.8e4 to -6.8e10, and the steps' automatic search (this
+    # seed) then spent its 100 iterations far off and returned its start. The next pass now
+    # checks such a step and backtracks from its start: the search reaches the mode (which
+    # the Laplace check then refuses, as for any non-centred mode).
+    from pymc_subsample.reference import AUTOMATIC_SEARCH_SEED
+
+    with _tall_non_centred() as model:
+        with pytest.warns(pms.SubsampleWarning, match="far from Gaussian"):
+            ref = pms.find_reference_point(random_seed=AUTOMATIC_SEARCH_SEED)
+    assert ref.converged and ref.n_iterations < 100, ref.batch_sizes
+    logp = model.compile_logp()
+    assert logp({**model.initial_point(), **ref.point}) > logp(model.initial_point()) + 5e3
+
+
 #: The issue's radon-style model (85 groups, 919 rows) runs only with PMS_RUN_SLOW=1: its
 #: long chains take minutes, and its refusals compile 89-parameter Hessians (1.5 to 2.5 min on
 #: PyMC 5's C backend). The 10-group variant shows the same behaviours in the default run.
