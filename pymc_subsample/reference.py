@@ -102,6 +102,7 @@ class Optimum:
     laplace_log_weight_sd: float = float("nan")
     failure: str | None = None
     row_sums: tuple[np.ndarray, np.ndarray] | None = field(default=None, repr=False, compare=False)
+    at_mode: bool = False
 
     @property
     def n_row_evaluations(self) -> int:
@@ -148,6 +149,10 @@ class ReferencePoint(Optimum):
         The rows' summed log-likelihood gradient and Hessian at ``q`` over the data the search
         read (None when the Laplace check did not run): a step given no reference point expands
         its control variate with them instead of another pass.
+    at_mode : bool
+        The point is a mode found on all rows (or within about one posterior sd of one): a
+        ``failure`` is then the Laplace check's, and a step with ``control_variate="auto"``
+        expands its control variate in the likelihood's parameters there instead.
     """
 
     point: dict[str, np.ndarray] = field(default_factory=dict)
@@ -353,6 +358,7 @@ def optimise_reference(
     says why a point is not a usable reference. Full-data passes read ranges of rows in place.
     """
     _check_arguments(method, error_tolerance, tol)
+    oracles = oracles.in_unconstrained()  # the Laplace check's residuals are in q
     n_rows, d = oracles.n_rows, oracles.n_params
     first = max(200, 20 * d) if batch_size is None else int(batch_size)
     if first < 2:
@@ -445,6 +451,7 @@ def optimise_reference(
     if failure is not None and nonfinite:
         failure = f"{nonfinite} (and so {failure})"
     spread, row_sums = float("nan"), None
+    at_mode = failure is None and last is not None
     if failure is None and last is not None:
         row_sums = final_sums
         if row_sums is None:
@@ -464,6 +471,7 @@ def optimise_reference(
         laplace_log_weight_sd=spread,
         failure=failure,
         row_sums=row_sums,
+        at_mode=at_mode,
     )
 
 

@@ -415,6 +415,7 @@ class _LogisticRows:
     """
 
     n_rows, n_params, proxy_order = 200, 1, 2
+    expansion = "unconstrained"  # proxies in q itself
 
     def __init__(self, gradient_error: float) -> None:
         rng = np.random.default_rng(0)
@@ -447,6 +448,9 @@ class _LogisticRows:
 
     def freeze_shared(self):
         pass
+
+    def in_unconstrained(self):
+        return self
 
     def frozen_values(self):
         return []

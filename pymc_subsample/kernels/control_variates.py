@@ -62,12 +62,16 @@ class TaylorProxy:
     order: int
 
     def difference(self, q_new: np.ndarray, q_old: np.ndarray) -> float:
-        """``R = sum_i r_i``: the proxies' total difference between ``q_new`` and ``q_old``."""
+        """``R = sum_i r_i``: the proxies' total difference between ``q_new`` and ``q_old``.
+
+        Non-finite where a point is (a proposal whose parameters overflow): the step rejects it.
+        """
         step = q_new - q_old
-        total = float(self.gradient_sum @ step)
-        if self.order == 2:
-            centre = q_new + q_old - 2.0 * self.reference
-            total += 0.5 * float(step @ self.hessian_sum @ centre)
+        with np.errstate(over="ignore", invalid="ignore"):
+            total = float(self.gradient_sum @ step)
+            if self.order == 2:
+                centre = q_new + q_old - 2.0 * self.reference
+                total += 0.5 * float(step @ self.hessian_sum @ centre)
         return total
 
 

@@ -45,10 +45,12 @@ from pymc_subsample.model.identification import (
     refuse_flat_priors_outside_the_likelihood,
     warn_if_unidentified,
 )
+from pymc_subsample.model.likelihood_parameters import likelihood_parameters
 from pymc_subsample.model.rows import RowLayout, find_row_layout, row_loglik_graph
 
 __all__ = [
     "DataTracker",
+    "LikelihoodSpace",
     "ModelFunctions",
     "ModelOracles",
     "Rows",
@@ -86,6 +88,22 @@ class SearchSums(NamedTuple):
     gradient: np.ndarray
     outer: np.ndarray
     hessian: np.ndarray | None
+
+
+class LikelihoodSpace(NamedTuple):
+    """The functions of control variates expanded in the likelihood's parameters ``theta``.
+
+    ``theta = phi(q)`` (``model/likelihood_parameters.py``): the Taylor proxies are polynomials
+    in ``theta``, their sums ``d_theta``-dimensional. Each function compiles at first use.
+    """
+
+    size: int
+    names: tuple[str, ...]
+    phi: LazyFunction  # q -> theta
+    pullback: LazyFunction  # q, v -> J_phi(q)^T v
+    residual: dict[int, LazyFunction]  # q, q_old, theta_ref, rows -> l_i - r_i
+    sums: LazyFunction  # theta_ref, rows -> (G, H) in theta
+    remainder_gradient: LazyFunction  # q, theta_ref, factor, rows
 
 
 @dataclass(frozen=True)
@@ -129,6 +147,9 @@ class ModelFunctions:
     data: tuple[SharedVariable, ...]
     frozen: tuple[tuple[SharedVariable, SharedVariable], ...]
     flat: dict[str, np.ndarray]
+    #: Builds (once, at first call) the functions in the likelihood's parameters; None when
+    #: the rows' graph has no usable cut (``likelihood_parameters``).
+    likelihood_space: Callable[[], LikelihoodSpace | None]
     #: Reference points found on these functions, by data, start and settings (reference.py).
     references: dict[tuple[Any, ...], Any] = field(default_factory=dict)
 
@@ -143,6 +164,10 @@ class ModelOracles:
         The raveled unconstrained initial point the oracles were built at.
     proxy_order : int
         Order of the Taylor proxies of :meth:`residual_ratio_rows` (0 when none are used).
+    expansion : {"unconstrained", "likelihood"}
+        The space of the Taylor proxies: ``q`` itself, or the likelihood's parameters
+        ``theta = phi(q)`` (:meth:`in_likelihood_parameters`). The methods that take an
+        expansion point (``q_ref``) take it in that space.
 
     """
 
@@ -150,6 +175,48 @@ class ModelOracles:
     _functions: ModelFunctions
     proxy_order: int = 0
     _data: DataTracker | None = None
+    expansion: str = "unconstrained"
+
+    def in_likelihood_parameters(self) -> ModelOracles | None:
+        """Return these oracles with Taylor proxies in the likelihood's parameters, or None.
+
+        None where the rows' graph reads ``q`` through no usable cut, or through one with more
+        entries than ``q`` (whose sums would cost more than ``q``'s).
+        """
+        space = self._functions.likelihood_space()
+        if space is None or space.size > self.n_params:
+            return None
+        return replace(self, expansion="likelihood")
+
+    def in_unconstrained(self) -> ModelOracles:
+        """Return these oracles with Taylor proxies in ``q`` itself (the default)."""
+        if self.expansion == "unconstrained":
+            return self
+        return replace(self, expansion="unconstrained")
+
+    @property
+    def expansion_size(self) -> int:
+        """Length of the expansion point: ``d``, or the likelihood's parameters' count."""
+        return self.n_params if self.expansion == "unconstrained" else self._space.size
+
+    def expansion_point(self, q: np.ndarray) -> np.ndarray:
+        """``q`` in the proxies' space: ``q`` itself, or ``phi(q)``."""
+        if self.expansion == "unconstrained":
+            return q
+        return np.asarray(self._space.phi(q))
+
+    def expansion_pullback(self, q: np.ndarray, vector: np.ndarray) -> np.ndarray:
+        """Take a gradient in the proxies' space back to ``q``: ``J_phi(q)^T vector``."""
+        if self.expansion == "unconstrained":
+            return vector
+        return np.asarray(self._space.pullback(q, vector))
+
+    @property
+    def _space(self) -> LikelihoodSpace:
+        space = self._functions.likelihood_space()
+        if space is None:  # pragma: no cover - in_likelihood_parameters returned None
+            raise RuntimeError("these oracles have no likelihood-parameter space")
+        return space
 
     @property
     def layout(self) -> RowLayout:
@@ -289,7 +356,12 @@ class ModelOracles:
         gradient at ``q`` and a Hessian-vector product at ``q_ref`` (about three gradients'
         cost); the rows' data are gathered once.
         """
-        function = self._gradient("remainder_gradient_on_rows", self._functions.remainder_gradient)
+        remainder = (
+            self._functions.remainder_gradient
+            if self.expansion == "unconstrained"
+            else self._space.remainder_gradient
+        )
+        function = self._gradient("remainder_gradient_on_rows", remainder)
         data = self._gather(rows)
         factor = np.asarray(self.n_rows / (rows.size * temperature), dtype="float64")
         reference = np.asarray(q_ref, dtype="float64")
@@ -310,7 +382,10 @@ class ModelOracles:
         """
         if self.proxy_order not in self._functions.residual:
             raise RuntimeError("residual_ratio_rows needs build_oracles(..., proxy_order=1 or 2).")
-        residual = self._gradient("residual_ratio_rows", self._functions.residual[self.proxy_order])
+        functions = (
+            self._functions.residual if self.expansion == "unconstrained" else self._space.residual
+        )
+        residual = self._gradient("residual_ratio_rows", functions[self.proxy_order])
         return residual(q_new, q_old, q_ref, *self._gather(idx))
 
     def gradient_hessian_sums(
@@ -321,8 +396,9 @@ class ModelOracles:
         Rows are summed in chunks of ``chunk_size`` rows: O(N) time, O(chunk_size * d)
         memory. Other model variables are read at their frozen values (:meth:`freeze_shared`).
         """
-        sums_fn = self._gradient("gradient_hessian_sums", self._functions.sums)
-        d = self.n_params
+        sums = self._functions.sums if self.expansion == "unconstrained" else self._space.sums
+        sums_fn = self._gradient("gradient_hessian_sums", sums)
+        d = self.expansion_size
         gradient, hessian = np.zeros(d), np.zeros((d, d))
         chunks: Iterator[Rows]
         if idx is None:
@@ -589,7 +665,7 @@ def build_oracles(
             "control variate, in a compound step: pm.sample(step=[..., that_step]). Such a "
             "step reads one batch per draw."
         )
-    q0 = np.concatenate([np.ravel(initial_point[str(v.name)]) for v in vars]).astype("float64")
+    q0 = _initial_q(initial_point, vars)
     oracles = ModelOracles(
         initial_q=q0,
         _functions=functions,
@@ -651,7 +727,10 @@ def _model_functions(
     def fixed(inputs: list[Variable], outputs: Any) -> LazyFunction:
         return lazy(partial(_given, inputs, outputs))
 
-    residual_inputs = (rows_q, rows_q_old, rows_ref, q, q_old, q_ref, row_inputs)
+    residual_inputs = (rows_q, rows_q_old, rows_ref, q, q_old, q_ref, [q, q_old], row_inputs)
+    space = partial(
+        _likelihood_space, rows_q, rows_q_old, prior_q, q, q_old, row_inputs, frozen, kwargs
+    )
     return ModelFunctions(
         layout=layout,
         shared=shared,
@@ -683,6 +762,7 @@ def _model_functions(
         data=_shared_data([rows_q, prior_q, *graph.row_data], set(shared.values()) | set(shared)),
         frozen=frozen,
         flat=flat,
+        likelihood_space=_OnFirstCall(partial(space, _initial_q(initial_point, vars))),
     )
 
 
@@ -701,21 +781,25 @@ def _residual_graph(
     rows_q: TensorVariable,
     rows_q_old: Variable,
     rows_ref: TensorVariable,
-    q: TensorVariable,
-    q_old: TensorVariable,
-    q_ref: TensorVariable,
+    point: TensorVariable,
+    point_old: TensorVariable,
+    ref: TensorVariable,
+    inputs: list[TensorVariable],
     row_inputs: list[TensorVariable],
     order: int,
 ) -> tuple[list[Variable], Any]:
-    """Residuals ``l_i(q) - l_i(q_old)`` minus the Taylor proxies' difference at ``q_ref``.
+    """Residuals ``l_i(q) - l_i(q_old)`` minus the Taylor proxies' difference at ``ref``.
 
-    The proxies read the other model variables at their frozen values (the ``_frozen`` shared
-    copies), so that the sums of :func:`_sums_graph` are those of the proxies subtracted here.
+    ``point`` and ``point_old`` are ``q`` and ``q_old`` in the proxies' space (themselves, or
+    the likelihood's parameters ``phi(q)``, ``phi(q_old)``), ``rows_ref`` the rows' graph of
+    ``ref`` in that space. The proxies read the other model variables at their frozen values
+    (the ``_frozen`` shared copies), so that the sums of :func:`_sums_graph` are those of the
+    proxies subtracted here.
     """
-    step = q - q_old
-    centre = q + q_old - 2 * q_ref if order == 2 else None
-    proxies = per_row_proxy_terms(rows_ref, q_ref, step, centre)
-    return [q, q_old, q_ref, *row_inputs], rows_q - rows_q_old - proxies
+    step = point - point_old
+    centre = point + point_old - 2 * ref if order == 2 else None
+    proxies = per_row_proxy_terms(rows_ref, ref, step, centre)
+    return [*inputs, ref, *row_inputs], rows_q - rows_q_old - proxies
 
 
 def _sums_graph(
@@ -763,20 +847,104 @@ def _remainder_gradient_graph(
     q: TensorVariable,
     q_ref: TensorVariable,
     row_inputs: list[TensorVariable],
+    point: TensorVariable | None = None,
 ) -> tuple[list[Variable], Any]:
     # Rows' summed remainders s_i(q) - s_i(q_ref) - H_i(q_ref) (q - q_ref): the summed Hessian
     # times the direction is the gradient of the summed score's projection on it (a
-    # Hessian-vector product, no d x d matrix per row), the direction held constant.
+    # Hessian-vector product, no d x d matrix per row), the direction held constant. With
+    # ``point = phi(q)`` the expansion is in the likelihood's parameters, and its gradient
+    # (score_ref + H (phi(q) - q_ref)) is taken back to q by J_phi(q)^T.
     [_, factor, *_], gradient = _posterior_gradient_graph(prior_q, rows_q, q, row_inputs)
     score_ref = cast(
         TensorVariable, pytensor.grad(rows_ref.sum(), q_ref, disconnected_inputs="ignore")
     )
-    direction = disconnected_grad(q - q_ref)
+    direction = disconnected_grad((q if point is None else point) - q_ref)
     hessian_direction = cast(
         TensorVariable,
         pytensor.grad((score_ref * direction).sum(), q_ref, disconnected_inputs="ignore"),
     )
-    return [q, q_ref, factor, *row_inputs], gradient - factor * (score_ref + hessian_direction)
+    expansion = score_ref + hessian_direction
+    if point is not None:
+        held = disconnected_grad(expansion)
+        expansion = cast(
+            TensorVariable,
+            pytensor.grad((point * held).sum(), q, disconnected_inputs="ignore"),
+        )
+    return [q, q_ref, factor, *row_inputs], gradient - factor * expansion
+
+
+def _likelihood_space(
+    rows_q: TensorVariable,
+    rows_q_old: Variable,
+    prior_q: TensorVariable,
+    q: TensorVariable,
+    q_old: TensorVariable,
+    row_inputs: list[TensorVariable],
+    frozen: tuple[tuple[SharedVariable, SharedVariable], ...],
+    kwargs: dict[str, Any],
+    q0: np.ndarray,
+) -> LikelihoodSpace | None:
+    """Build the control variates' functions in the likelihood's parameters (or None)."""
+    found = likelihood_parameters(rows_q, q, row_inputs, q0)
+    if found is None:
+        return None
+    theta_ref = found.theta.type("theta_ref")
+    to_reference: dict[Variable, Variable] = {found.theta: theta_ref, **dict(frozen)}
+    rows_ref = cast(TensorVariable, clone_replace(found.rows_logp, replace=to_reference))
+    phi = found.phi
+    to_old: dict[Variable, Variable] = {q: q_old}
+    phi_old = cast(TensorVariable, clone_replace(phi, replace=to_old))
+
+    def lazy(build: GraphBuilder) -> LazyFunction:
+        return LazyFunction(build, kwargs)
+
+    points = (phi, phi_old, theta_ref, [q, q_old])
+    residual_inputs = (rows_q, rows_q_old, rows_ref, *points, row_inputs)
+    vector = phi.type("vector")
+    pullback = pytensor.grad((phi * vector).sum(), q, disconnected_inputs="ignore")
+    return LikelihoodSpace(
+        size=int(found.theta.type.shape[0] or 0),
+        names=found.names,
+        phi=lazy(partial(_given, [q], phi)),
+        pullback=lazy(partial(_given, [q, vector], pullback)),
+        residual={
+            order: lazy(partial(_residual_graph, *residual_inputs, order)) for order in (1, 2)
+        },
+        sums=lazy(partial(_sums_graph, rows_ref, theta_ref, row_inputs)),
+        remainder_gradient=lazy(
+            partial(
+                _remainder_gradient_graph, prior_q, rows_q, rows_ref, q, theta_ref, row_inputs, phi
+            )
+        ),
+    )
+
+
+class _OnFirstCall:
+    """A value built at the first call and kept (and pickled with what was built)."""
+
+    __slots__ = ("_build", "_built", "_value")
+
+    def __init__(self, build: Callable[[], Any]) -> None:
+        self._build = build
+        self._built = False
+        self._value: Any = None
+
+    def __call__(self) -> Any:
+        if not self._built:
+            with pytensor.config.change_flags(traceback__limit=0), collection_paused():
+                self._value = self._build()
+            self._built = True
+        return self._value
+
+    def __getstate__(self) -> tuple[Any, ...]:
+        return (self._build, self._built, self._value)
+
+    def __setstate__(self, state: tuple[Any, ...]) -> None:
+        self._build, self._built, self._value = state
+
+
+def _initial_q(initial_point: dict[str, np.ndarray], vars: Sequence[TensorVariable]) -> np.ndarray:
+    return np.concatenate([np.ravel(initial_point[str(v.name)]) for v in vars]).astype("float64")
 
 
 def _prior_gradient_graph(prior_q: TensorVariable, q: TensorVariable) -> tuple[list[Variable], Any]:

@@ -29,7 +29,7 @@ from pytensor.tensor.variable import TensorVariable
 from pymc_subsample.kernels.row_sampler import RowSampler
 from pymc_subsample.kernels.user_proposal import ProposalFunction, UserProposal
 from pymc_subsample.model.oracles import ModelOracles, build_oracles
-from pymc_subsample.reference import automatic_reference, funnel_explanation
+from pymc_subsample.reference import Optimum, automatic_reference, funnel_explanation
 from pymc_subsample.step_methods.acceptance_tests import (
     AcceptanceTest,
     StatSpec,
@@ -330,7 +330,11 @@ class SubsampleMH(SubsampleStepBase):
             self.control = self._make_control_variate(reference_point)
             if self.control is None:
                 self.control_variate = None
-            elif proposal_cov is None and requested_proposal != USER_PROPOSAL:
+            elif (
+                proposal_cov is None
+                and requested_proposal != USER_PROPOSAL
+                and self.oracles.expansion == "unconstrained"
+            ):
                 proposal_cov = self.control.covariance
                 self._laplace_proposal = True
         #: The proposal in use: a registered part's name (``proposal_parts``) or "user".
@@ -382,7 +386,7 @@ class SubsampleMH(SubsampleStepBase):
         obstacle = fused_obstacle(self)
         if obstacle is not None:
             return f"python: {obstacle}"
-        start = self.oracles.initial_q if self.control is None else self.control.proxy.reference
+        start = self.oracles.initial_q if self.control is None else self.control.reference
         try:
             self._fused = FusedDraw(self)
             self._fused.draw(np.array(start, dtype=float), self.scaling)
@@ -455,9 +459,15 @@ class SubsampleMH(SubsampleStepBase):
                     self.proposal_kind = "hmc" if self.oracles.rows_depend_on_q else "random_walk"
             proposal_cov = self.proposal_part.proposal_cov  # a proposal_cov the user gave stays
             if self._laplace_proposal:
-                self._laplace_proposal = self.control is not None
+                self._laplace_proposal = (
+                    self.control is not None and self.oracles.expansion == "unconstrained"
+                )
                 # Without the Laplace covariance an HMC proposal adapts a diagonal mass.
-                proposal_cov = None if self.control is None else self.control.covariance
+                proposal_cov = (
+                    self.control.covariance
+                    if self.control is not None and self._laplace_proposal
+                    else None
+                )
             self.proposal_part = self._make_part(proposal_cov)
             self.proposal = self.proposal_part.build_kernel(self)
         self.diagnostics = self._make_diagnostics()
@@ -508,6 +518,10 @@ class SubsampleMH(SubsampleStepBase):
             optimum = automatic_reference(self.oracles, self._funnel)
             if optimum.failure is not None:
                 if self._automatic:
+                    if optimum.at_mode:
+                        control = self._likelihood_control_variate(optimum)
+                        if control is not None:
+                            return control
                     self._drop_default(
                         f"the search for a reference point failed: {optimum.failure}"
                     )
@@ -539,6 +553,29 @@ class SubsampleMH(SubsampleStepBase):
                 "proposal covariance was clipped and the Taylor proxies will be poor. Use "
                 "pms.find_reference_point or pass proposal_cov.",
             )
+        return control
+
+    def _likelihood_control_variate(self, optimum: Optimum) -> ControlVariate | None:
+        """Expand in the likelihood's parameters at a mode whose Laplace check failed.
+
+        A non-centred hierarchy's posterior in ``q`` is a curved ridge, which a Taylor proxy in
+        ``q`` cannot follow; its likelihood reads only the group effects ``a = mu + sd * z``
+        (and the other parameters the rows see), on which the data put a close-to-Gaussian
+        posterior. Expanded in those (``model/likelihood_parameters.py``), around ``phi`` of
+        the mode, the second-order proxies hold where the chain goes. None where the model has
+        no such parameters (no more of them than ``q``), or their proxies fail the check of
+        :class:`ControlVariate`. The proposal does not use the (poor) Laplace covariance.
+        """
+        oracles = self.oracles.in_likelihood_parameters()
+        if oracles is None:
+            return None
+        try:
+            control = ControlVariate(oracles, optimum.q, self.temperature, optimum.row_sums)
+        except ProxyTermsError:
+            return None
+        self.oracles = oracles
+        self.reference_rows = optimum.n_row_evaluations
+        self.laplace_spread = optimum.laplace_log_weight_sd
         return control
 
     def _resolve_proposal(self, requested: str, proposal_cov: ArrayLike | None) -> str:
@@ -668,7 +705,7 @@ class SubsampleMH(SubsampleStepBase):
         if control is None or control.distance_sq(q) <= control.limit:
             return q
         start = control.laplace_draw(self.rng)
-        return start if np.isfinite(self.oracles.log_prior(start)) else control.proxy.reference
+        return start if np.isfinite(self.oracles.log_prior(start)) else control.reference
 
     def _record_tuning_draw(self, q: np.ndarray) -> None:
         if self._tune_steps % self.tune_interval == 0:

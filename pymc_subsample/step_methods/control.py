@@ -48,9 +48,17 @@ class ControlVariate:
     temperature : float
         Likelihood temperature of the step (for the Laplace covariance).
     row_sums : tuple of ndarray, optional
-        The rows' summed gradient and Hessian at ``reference`` on the current data, with the
-        other variables at their current values (an automatic reference search's
+        The rows' summed gradient and Hessian in ``q`` at ``reference`` on the current data,
+        with the other variables at their current values (an automatic reference search's
         ``row_sums``); computed by a pass over the rows when not given.
+
+    Attributes
+    ----------
+    reference : ndarray
+        The reference point ``q*``. The proxies' own expansion point, ``proxy.reference``, is
+        ``q*`` too, or ``phi(q*)`` where ``oracles.expansion`` is ``"likelihood"``: the proxies
+        are then polynomials in the likelihood's parameters (``model/likelihood_parameters.py``)
+        and their sums are taken in that space; the Laplace covariance stays in ``q``.
     """
 
     def __init__(
@@ -83,7 +91,7 @@ class ControlVariate:
         ProxyTermsError
             If the residuals do not shrink at the proxies' order.
         """
-        oracles, reference = self.oracles, self.proxy.reference
+        oracles, reference = self.oracles, self.reference
         rows = np.arange(min(PROXY_CHECK_ROWS, oracles.n_rows))
         direction = np.linalg.cholesky(self.covariance) @ np.random.default_rng(0).standard_normal(
             reference.size
@@ -118,33 +126,49 @@ class ControlVariate:
         """
         oracles = self.oracles
         oracles.freeze_shared()
-        if row_sums is not None:
-            gradient_sum, hessian_sum = row_sums
+        self.reference = np.array(reference, dtype="float64")
+        rows_read = 0
+        if row_sums is None:
+            row_sums = oracles.in_unconstrained().gradient_hessian_sums(self.reference)
+            rows_read += oracles.n_rows
+        if oracles.expansion == "unconstrained":
+            point, (gradient_sum, hessian_sum) = self.reference, row_sums
         else:
-            gradient_sum, hessian_sum = oracles.gradient_hessian_sums(reference)
-        self.proxy = TaylorProxy(
-            np.array(reference, dtype="float64"), gradient_sum, hessian_sum, oracles.proxy_order
-        )
+            # The proxies' sums in the likelihood's parameters: one more pass over the rows.
+            point = oracles.expansion_point(self.reference)
+            gradient_sum, hessian_sum = oracles.gradient_hessian_sums(point)
+            rows_read += oracles.n_rows
+        self.proxy = TaylorProxy(point, gradient_sum, hessian_sum, oracles.proxy_order)
         self.covariance, self.precision, self.n_clipped = laplace_covariance(
-            hessian_sum, oracles.log_prior_hessian(reference), self.temperature
+            row_sums[1], oracles.log_prior_hessian(self.reference), self.temperature
         )
-        return 0 if row_sums is not None else oracles.n_rows
+        return rows_read
 
     def reset(self) -> bool:
         """Return to the expansion made at construction; whether anything changed."""
         if self.proxy is self._initial[0]:
             return False
-        self.proxy, self.covariance, self.precision, self.n_clipped, frozen = self._initial
+        (self.proxy, self.reference, self.covariance, self.precision, self.n_clipped, frozen) = (
+            self._initial
+        )
         self.oracles.set_frozen(frozen)
         return True
 
     def _state(self) -> tuple[Any, ...]:
         frozen = self.oracles.frozen_values()
-        return (self.proxy, self.covariance, self.precision, self.n_clipped, frozen)
+        return (
+            self.proxy,
+            self.reference,
+            self.covariance,
+            self.precision,
+            self.n_clipped,
+            frozen,
+        )
 
     def log_threshold_shift(self, q_new: np.ndarray, q_old: np.ndarray) -> float:
         """``R / T``: the proxies' exact contribution to the tempered log acceptance ratio."""
-        return self.proxy.difference(q_new, q_old) / self.temperature
+        point = self.oracles.expansion_point
+        return self.proxy.difference(point(q_new), point(q_old)) / self.temperature
 
     def residual_rows(
         self, q_new: np.ndarray, q_old: np.ndarray
@@ -154,11 +178,11 @@ class ControlVariate:
 
     def laplace_draw(self, rng: np.random.Generator) -> np.ndarray:
         """Draw from the Laplace approximation ``N(q*, covariance)``: a start for a chain."""
-        return rng.multivariate_normal(self.proxy.reference, self.covariance, method="eigh")
+        return rng.multivariate_normal(self.reference, self.covariance, method="eigh")
 
     def distance_sq(self, q: np.ndarray) -> float:
         """``(q - q*)^T P (q - q*)``: about chi-square(d) under the Laplace approximation."""
-        offset = q - self.proxy.reference
+        offset = q - self.reference
         return float(offset @ self.precision @ offset)
 
 

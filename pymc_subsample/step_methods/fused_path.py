@@ -54,6 +54,8 @@ def fused_obstacle(step: SubsampleMH) -> str | None:
         return f"the {step.proposal_kind} proposal runs in Python"
     if not step.oracles.rows_depend_on_q:
         return "no row of the likelihood depends on the step's variables"
+    if step.control is not None and step.oracles.expansion != "unconstrained":
+        return "the control variate is expanded in the likelihood's parameters"
     test = step.test.fused(step)
     if test is None:
         return f"the {type(step.test).__name__} test has no fused kernel with these settings"

@@ -130,12 +130,17 @@ class HamiltonianPart(ProposalPart):
         proxy = control.proxy
         if proxy.order == 2:
             remainders = oracles.remainder_gradient_on_rows(rows, proxy.reference, temperature)
+            point, pullback = oracles.expansion_point, oracles.expansion_pullback
 
             def second_order(q: np.ndarray) -> np.ndarray:
-                expansion = proxy.gradient_sum + proxy.hessian_sum @ (q - proxy.reference)
-                return remainders(q) + expansion / temperature
+                # In the likelihood's parameters theta = phi(q) the expansion's gradient is
+                # taken back to q by J_phi(q)^T (the identity where the proxies are in q).
+                expansion = proxy.gradient_sum + proxy.hessian_sum @ (point(q) - proxy.reference)
+                return remainders(q) + pullback(q, expansion) / temperature
 
             return second_order
+        if oracles.expansion != "unconstrained":  # pragma: no cover - the step never makes it
+            raise RuntimeError("first-order proxies in the likelihood's parameters")
         estimate = oracles.gradient_on_rows(rows, temperature)
         factor = n_rows / (rows.size * temperature)
         offset = proxy.gradient_sum / temperature - factor * oracles.score_rows(

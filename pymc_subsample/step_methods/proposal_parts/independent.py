@@ -41,4 +41,4 @@ class IndependentPart(ProposalPart):
         control = step.control
         assert control is not None  # obstacle() holds
         cov = control.covariance if self.proposal_cov is None else self.proposal_cov
-        return IndependentProposal(control.proxy.reference, cov)
+        return IndependentProposal(control.reference, cov)
