@@ -127,10 +127,12 @@ def test_tuning_adapts_the_step_size_and_a_diagonal_mass():
 
 @pytest.mark.parametrize("control_variate", ["taylor1", "taylor2"])
 def test_minibatch_gradient_with_a_control_variate_stays_exact(monkeypatch, control_variate):
-    # 50 rows per trajectory's gradient (of 3,000): a noisy gradient with taylor1, still a
-    # valid proposal; with taylor2 (exact here, below) the same run checks the bookkeeping.
+    # 50 rows per trajectory's gradient (of 3,000), not resized during tuning: a noisy
+    # gradient with taylor1, still a valid proposal; with taylor2 (exact here, below) the same
+    # run checks the bookkeeping.
     monkeypatch.setattr(step_base, "TRAJECTORY_GRADIENT_ROWS", 50)
     monkeypatch.setattr(hamiltonian, "TRAJECTORY_GRADIENT_ROWS", 50)
+    monkeypatch.setattr(hamiltonian, "GRADIENT_CHECKPOINTS", ())
     model, mean, cov = correlated_regression(3000, seed=7)
     with model:
         step = pms.AusterityMH(proposal="hmc", control_variate=control_variate)
@@ -248,3 +250,29 @@ def test_a_failed_search_after_set_data_falls_back_to_trajectories_with_an_adapt
     assert step.proposal_kind == "hmc" and step._adapt_mass and step.control is None
     assert isinstance(step.proposal, HamiltonianProposal)
     assert_exact(idata, mean, cov)
+
+
+def test_the_gradient_minibatch_is_sized_by_its_measured_noise():
+    # 20,000 rows, 2,000 per trajectory's gradient until tuning measures its noise. With
+    # taylor2 a Gaussian likelihood's remainders are zero: the smallest minibatch (100) is
+    # enough. A logistic likelihood's are not: with taylor1 (first-order remainders) the
+    # noise asks for more rows than with taylor2. (Sizes are deterministic given the seeds.)
+    sizes = {}
+    model, _, _ = correlated_regression(20_000, seed=9)
+    with model:
+        step = pms.AusterityMH(proposal="hmc")
+        pm.sample(tune=300, draws=10, chains=1, step=step, random_seed=1, **SAMPLE)
+    sizes["gaussian"] = step.proposal_part.trajectory_gradient_rows(step)
+    rng = np.random.default_rng(10)
+    X = rng.normal(size=(20_000, 3))
+    y = rng.binomial(1, 1.0 / (1.0 + np.exp(-X @ np.array([0.5, -1.0, 0.3]))))
+    for control_variate in ("taylor1", "taylor2"):
+        with pm.Model():
+            beta = pm.Normal("beta", 0.0, 1.0, shape=3)
+            pm.Bernoulli("y", logit_p=X @ beta, observed=y)
+            step = pms.AusterityMH(proposal="hmc", control_variate=control_variate)
+            pm.sample(tune=300, draws=10, chains=1, step=step, random_seed=1, **SAMPLE)
+        sizes[control_variate] = step.proposal_part.trajectory_gradient_rows(step)
+    assert sizes["gaussian"] == hamiltonian.TRAJECTORY_MIN_GRADIENT_ROWS, sizes
+    assert sizes["taylor1"] > sizes["taylor2"], sizes
+    assert sizes["taylor1"] > hamiltonian.TRAJECTORY_MIN_GRADIENT_ROWS, sizes

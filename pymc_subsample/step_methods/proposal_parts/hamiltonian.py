@@ -21,8 +21,10 @@ from pymc_subsample.kernels.trajectory import (
     start_dual_averaging,
 )
 from pymc_subsample.step_methods.defaults import (
+    TRAJECTORY_GRADIENT_NOISE,
     TRAJECTORY_GRADIENT_ROWS,
     TRAJECTORY_MAX_STEPS,
+    TRAJECTORY_MIN_GRADIENT_ROWS,
     TRAJECTORY_TARGET_ACCEPTANCE,
     TRAJECTORY_TIME,
     gradient_obstacle,
@@ -40,6 +42,12 @@ __all__ = ["MASS_WINDOW_ENDS", "HamiltonianPart"]
 #: Draws after which the diagonal mass is re-estimated during tuning, without a Laplace
 #: covariance (Stan's windows: a 75-draw buffer, then windows of 25, 50, 100, ...).
 MASS_WINDOW_ENDS = (100, 150, 250, 450, 850, 1650, 3250, 6450)
+#: Tuning draws after which the minibatch of the trajectories' gradient is resized (after the
+#: mass's update there): the mass is an estimate of the posterior's scale from the first.
+GRADIENT_CHECKPOINTS = MASS_WINDOW_ENDS[1:]
+#: Independent estimates of the gradient, of ``TRAJECTORY_MIN_GRADIENT_ROWS`` rows each, whose
+#: spread measures its noise at a checkpoint.
+NOISE_ESTIMATES = 20
 
 
 @register_proposal
@@ -63,6 +71,9 @@ class HamiltonianPart(ProposalPart):
         self._step_size = start_dual_averaging(1.0)
         self._mass_moments = np.zeros((0, 0))  # count, mean, sum of squared deviations
         self._tuning_draws = 0
+        self._tuned = 0  # tuning draws of this chain, for the gradient's checkpoints
+        #: Rows each of the last two checkpoints asked for (None before the first).
+        self._rows_needed: list[int] = []
 
     @classmethod
     def obstacle(cls, step: SubsampleMH) -> str | None:
@@ -117,13 +128,18 @@ class HamiltonianPart(ProposalPart):
         times a group's posterior score, shrank the step size of a centred 85-group model with
         1e5 rows to 0.0008 (ESS 2); see ``docs/hmc.md``.
         """
-        oracles, temperature = step.oracles, step.temperature
+        oracles = step.oracles
         if not oracles.rows_depend_on_q:
             return oracles.log_prior_grad
         n_rows, n_gradient = oracles.n_rows, self.trajectory_gradient_rows(step)
         if n_gradient == n_rows:
-            return oracles.gradient_on_rows(None, temperature)
-        rows = step.rng.integers(0, n_rows, size=n_gradient)
+            return oracles.gradient_on_rows(None, step.temperature)
+        return self._estimate(step, step.rng.integers(0, n_rows, size=n_gradient))
+
+    def _estimate(self, step: SubsampleMH, rows: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
+        """Return the gradient estimate from ``rows`` (drawn with replacement)."""
+        oracles, temperature = step.oracles, step.temperature
+        n_rows = oracles.n_rows
         control = step.control
         if control is None:
             return oracles.gradient_on_rows(rows, temperature)
@@ -152,19 +168,49 @@ class HamiltonianPart(ProposalPart):
 
         return first_order
 
-    @staticmethod
-    def trajectory_gradient_rows(step: SubsampleMH) -> int:
-        """Rows of each trajectory's gradient: N, or ``TRAJECTORY_GRADIENT_ROWS`` of them.
+    def trajectory_gradient_rows(self, step: SubsampleMH) -> int:
+        """Rows of each trajectory's gradient: N, or a minibatch sized during tuning.
 
-        All N when N is at most that, and without a control variate at temperature 1, where a
-        minibatch gradient's noise would swamp the posterior's (about ``sqrt(N / n)`` times
-        its gradient one sd from the mode) and the test reads a share of N rows per draw
-        anyway; else a minibatch of that size.
+        All N when N is at most ``TRAJECTORY_GRADIENT_ROWS``, and without a control variate at
+        temperature 1, where a minibatch gradient's noise would swamp the posterior's (about
+        ``sqrt(N / n)`` times its gradient one sd from the mode) and the test reads a share of
+        N rows per draw anyway. Else ``TRAJECTORY_GRADIENT_ROWS`` until the first checkpoint
+        of tuning, then the size the noise measured there asks for (:meth:`_resize`).
         """
         n_rows = step.oracles.n_rows
         if n_rows <= TRAJECTORY_GRADIENT_ROWS or (step.control is None and step.temperature == 1.0):
             return n_rows
-        return TRAJECTORY_GRADIENT_ROWS
+        return max(self._rows_needed) if self._rows_needed else TRAJECTORY_GRADIENT_ROWS
+
+    def _resize(self, step: SubsampleMH, q: np.ndarray) -> None:
+        """Size the minibatch from the gradient's noise at ``q``, whitened by the mass.
+
+        ``NOISE_ESTIMATES`` independent estimates of ``m = TRAJECTORY_MIN_GRADIENT_ROWS`` rows
+        each give the noise's variance per coordinate whitened by the mass (``L^T g`` with
+        ``M^-1 = L L^T``), ``s_j^2``; an estimate from ``n`` rows has ``s_j^2 m / n``. The size is
+        the fewest rows with ``sum_j s_j^2 m / n <= TRAJECTORY_GRADIENT_NOISE``, at least
+        ``m``, and all N once it reaches a quarter of them; the larger of the last two
+        checkpoints' sizes is used, as the noise grows away from the reference point. With
+        ``taylor2`` the noise is that of the rows' Taylor remainders, zero for a Gaussian
+        likelihood in its location parameters.
+        """
+        oracles, size = step.oracles, TRAJECTORY_MIN_GRADIENT_ROWS
+        if self.trajectory_gradient_rows(step) == oracles.n_rows and not self._rows_needed:
+            return  # every row (small N, or no control variate at temperature 1)
+        with np.errstate(over="ignore", invalid="ignore"):
+            estimates = np.array(
+                [
+                    self._estimate(step, step.rng.integers(0, oracles.n_rows, size=size))(q)
+                    for _ in range(NOISE_ESTIMATES)
+                ]
+            )
+            noise = float(_whitened(step, estimates).var(axis=0, ddof=1).sum())
+        if not np.isfinite(noise):
+            return
+        needed = max(size, math.ceil(size * noise / TRAJECTORY_GRADIENT_NOISE))
+        if 4 * needed >= oracles.n_rows:
+            needed = oracles.n_rows
+        self._rows_needed = [*self._rows_needed[-1:], needed]
 
     def gradient_rows(self, step: SubsampleMH) -> int:
         """Rows read by the last trajectory's gradients: its rows times the points evaluated."""
@@ -192,7 +238,10 @@ class HamiltonianPart(ProposalPart):
             self._step_size, step.test.acceptance_statistic(decision), TRAJECTORY_TARGET_ACCEPTANCE
         )
         step.scaling = float(np.exp(self._step_size.log_step))
+        self._tuned += 1
         if not self.adapts_mass:
+            if self._tuned in GRADIENT_CHECKPOINTS:
+                self._resize(step, q_next)
             return
         self._tuning_draws += 1
         if self._tuning_draws <= MASS_WINDOW_ENDS[0] - 25:
@@ -209,12 +258,16 @@ class HamiltonianPart(ProposalPart):
             step.proposal = HamiltonianProposal(step.oracles.n_params, variances)
             self._mass_moments[:] = 0.0
             self._step_size = start_dual_averaging(step.scaling)
+        if self._tuned in GRADIENT_CHECKPOINTS:
+            self._resize(step, q_next)
 
     def reset(self, step: SubsampleMH) -> None:
         """Start the step size adaptation from the chain's first step size, the mass anew."""
         self._step_size = start_dual_averaging(step.scaling)
         self._mass_moments = np.zeros((3, step.oracles.n_params))
         self._tuning_draws = 0
+        self._tuned = 0
+        self._rows_needed = []
         if self.adapts_mass:
             step.proposal = self.build_kernel(step)
 
@@ -222,3 +275,11 @@ class HamiltonianPart(ProposalPart):
         """Keep the dual averaging's averaged step size from here on."""
         if self._step_size.iteration:
             step.scaling = float(np.exp(self._step_size.log_step_mean))
+
+
+def _whitened(step: SubsampleMH, gradients: np.ndarray) -> np.ndarray:
+    """Gradients (one per row) in the coordinates the mass whitens: ``L^T g``, ``M^-1 = L L^T``."""
+    kernel = step.proposal
+    assert isinstance(kernel, HamiltonianProposal)
+    factor = np.asarray(kernel.chol_factor)
+    return gradients * factor if factor.ndim == 1 else gradients @ factor
