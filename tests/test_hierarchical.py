@@ -320,3 +320,22 @@ def test_tall_non_centred_defaults_match_nuts():
     assert ess.min() > 100, ess
     assert float(idata.sample_stats["n_data"].mean()) < 0.05 * radon.TALL["n_rows"]
     del model
+
+
+def test_non_centred_defaults_follow_new_data():
+    # After pm.set_data the step searches again and expands in the likelihood's parameters
+    # again (its oracles were switched to that space for the first data).
+    with _tall_non_centred() as model:
+        step = pms.AusterityMH()
+        assert step.oracles.expansion == "likelihood"
+        first = step.control.proxy.reference.copy()
+        rng = np.random.default_rng(2)
+        pm.set_data({"x": rng.normal(size=20_000)})
+        idata = pm.sample(
+            draws=20, tune=10, chains=1, step=step, random_seed=1, progressbar=False,
+            compute_convergence_checks=False,
+        )  # fmt: skip
+    assert step.control is not None and step.oracles.expansion == "likelihood"
+    assert not np.allclose(step.control.proxy.reference, first)  # expanded at the new mode
+    assert float(idata.sample_stats["n_data"].mean()) < 0.2 * 20_000
+    del model

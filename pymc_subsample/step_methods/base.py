@@ -512,8 +512,11 @@ class SubsampleMH(SubsampleStepBase):
         """Expand at ``reference_point``, or at the automatic reference when it is None.
 
         With ``control_variate="auto"`` a failed automatic search drops the control variate
-        (returns None, with a warning); an explicit control variate refuses it.
+        (returns None, with a warning), or expands it in the likelihood's parameters at a mode
+        that fails only the Laplace check; an explicit control variate refuses it. Called
+        again after ``pm.set_data``, it decides afresh for the new data.
         """
+        self.oracles = self.oracles.in_unconstrained()
         if reference_point is None:
             optimum = automatic_reference(self.oracles, self._funnel)
             if optimum.failure is not None:
