@@ -325,16 +325,15 @@ class SubsampleMH(SubsampleStepBase):
         #: Why the default control variate was dropped ("" if it was not, or not asked for).
         self.dropped_default = ""
         self.control_variate = self._resolve_control_variate(requested, reference_point)
+        #: Whether the proposal's covariance is the step's to choose (none given, no proposal
+        #: function): the Laplace one where the control variate is in q, else none (adapted).
+        self._own_covariance = proposal_cov is None and requested_proposal != USER_PROPOSAL
         if self.control_variate is not None:
             self.oracles = self.oracles.with_proxy_order(CONTROL_VARIATES[self.control_variate])
             self.control = self._make_control_variate(reference_point)
             if self.control is None:
                 self.control_variate = None
-            elif (
-                proposal_cov is None
-                and requested_proposal != USER_PROPOSAL
-                and self.oracles.expansion == "unconstrained"
-            ):
+            elif self._own_covariance and self.oracles.expansion == "unconstrained":
                 proposal_cov = self.control.covariance
                 self._laplace_proposal = True
         #: The proposal in use: a registered part's name (``proposal_parts``) or "user".
@@ -458,7 +457,7 @@ class SubsampleMH(SubsampleStepBase):
                 if self.proposal_kind == "independent":
                     self.proposal_kind = "hmc" if self.oracles.rows_depend_on_q else "random_walk"
             proposal_cov = self.proposal_part.proposal_cov  # a proposal_cov the user gave stays
-            if self._laplace_proposal:
+            if self._own_covariance:
                 self._laplace_proposal = (
                     self.control is not None and self.oracles.expansion == "unconstrained"
                 )
