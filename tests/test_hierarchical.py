@@ -246,18 +246,27 @@ def _recipe(model: pm.Model, draws: int) -> tuple[dict[str, list[float]], np.nda
             pms.AusterityMH([model["mu_a"], model["sigma_a"]]),
         ]
         assert steps[0].control_variate == "taylor2" and steps[1].control_variate is None
-        idata = pm.sample(
-            draws=draws,
-            tune=2000,
-            chains=2,
-            cores=1,
-            step=steps,
-            random_seed=3,
-            progressbar=False,
-            compute_convergence_checks=False,
-        )
-    ess = np.maximum([float(az.ess(column)) for column in _columns(idata.posterior)], 1.0)
-    return radon.summarise(idata.posterior), ess
+        idata = _sample(steps, draws=draws, tune=2000)
+    return radon.summarise(idata.posterior), _ess(idata)
+
+
+def _sample(step, draws: int, tune: int):
+    """Two chains one after the other, seed 3, quietly (in a model context)."""
+    return pm.sample(
+        draws=draws,
+        tune=tune,
+        chains=2,
+        cores=1,
+        step=step,
+        random_seed=3,
+        progressbar=False,
+        compute_convergence_checks=False,
+    )
+
+
+def _ess(idata) -> np.ndarray:
+    """Each scalar's ESS (at least 1), in the order of the JSON."""
+    return np.maximum([float(az.ess(column)) for column in _columns(idata.posterior)], 1.0)
 
 
 def _assert_matches_nuts(key: str, ours: dict[str, list[float]], ess: np.ndarray) -> None:
@@ -305,17 +314,8 @@ def test_tall_non_centred_defaults_match_nuts():
     with radon.radon_model(False, **radon.TALL) as model:
         step = pms.AusterityMH()
         assert step.oracles.expansion == "likelihood"
-        idata = pm.sample(
-            draws=1500,
-            tune=1000,
-            chains=2,
-            cores=1,
-            step=step,
-            random_seed=3,
-            progressbar=False,
-            compute_convergence_checks=False,
-        )
-    ess = np.maximum([float(az.ess(column)) for column in _columns(idata.posterior)], 1.0)
+        idata = _sample(step, draws=1500, tune=1000)
+    ess = _ess(idata)
     _assert_matches_nuts("tall_non_centred", radon.summarise(idata.posterior), ess)
     assert ess.min() > 100, ess
     assert float(idata.sample_stats["n_data"].mean()) < 0.05 * radon.TALL["n_rows"]

@@ -40,14 +40,11 @@ class LikelihoodParameters(NamedTuple):
     rows_logp : TensorVariable
         The per-row log-likelihood as a graph of ``theta`` and the row placeholders; ``q``
         is not among its inputs.
-    names : tuple of str
-        A readable name for each part of ``theta`` (the variable's name, or its operation).
     """
 
     theta: TensorVariable
     phi: TensorVariable
     rows_logp: TensorVariable
-    names: tuple[str, ...]
 
 
 def likelihood_parameters(
@@ -116,8 +113,7 @@ def likelihood_parameters(
     if q in set(ancestors([rebuilt])):
         return None
     phi = pt.concatenate([pt.cast(tensor, "float64").ravel() for tensor in cut])
-    names = tuple(str(tensor.name or tensor.owner.op) for tensor in cut if tensor.owner)
-    return LikelihoodParameters(theta, cast(TensorVariable, phi), rebuilt, names)
+    return LikelihoodParameters(theta, cast(TensorVariable, phi), rebuilt)
 
 
 def cut_tensors(

@@ -98,7 +98,6 @@ class LikelihoodSpace(NamedTuple):
     """
 
     size: int
-    names: tuple[str, ...]
     phi: LazyFunction  # q -> theta
     pullback: LazyFunction  # q, v -> J_phi(q)^T v
     residual: dict[int, LazyFunction]  # q, q_old, theta_ref, rows -> l_i - r_i
@@ -904,7 +903,6 @@ def _likelihood_space(
     pullback = pytensor.grad((phi * vector).sum(), q, disconnected_inputs="ignore")
     return LikelihoodSpace(
         size=int(found.theta.type.shape[0] or 0),
-        names=found.names,
         phi=lazy(partial(_given, [q], phi)),
         pullback=lazy(partial(_given, [q, vector], pullback)),
         residual={

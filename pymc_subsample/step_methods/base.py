@@ -317,7 +317,6 @@ class SubsampleMH(SubsampleStepBase):
         #: Sd of the log importance weights of the Laplace approximation at the automatic
         #: reference (NaN without one): what ``proposal="auto"`` decides on.
         self.laplace_spread = float("nan")
-        self._laplace_proposal = False
         self._reference_point = reference_point
         #: Whether control_variate was left at "auto" (the reference is then found again after
         #: pm.set_data, and a failed search drops the control variate instead of raising).
@@ -333,9 +332,8 @@ class SubsampleMH(SubsampleStepBase):
             self.control = self._make_control_variate(reference_point)
             if self.control is None:
                 self.control_variate = None
-            elif self._own_covariance and self.oracles.expansion == "unconstrained":
+            elif self._laplace_proposal:
                 proposal_cov = self.control.covariance
-                self._laplace_proposal = True
         #: The proposal in use: a registered part's name (``proposal_parts``) or "user".
         self.proposal_kind = self._resolve_proposal(requested_proposal, proposal_cov)
         self._user_proposal = (
@@ -434,6 +432,20 @@ class SubsampleMH(SubsampleStepBase):
         return isinstance(self.proposal_part, HamiltonianPart) and self.proposal_part.adapts_mass
 
     @property
+    def _laplace_proposal(self) -> bool:
+        """Whether the proposal uses the control variate's Laplace covariance.
+
+        Where the step chose the covariance and its control variate is expanded in ``q``; in
+        the likelihood's parameters the Laplace covariance at the mode describes the posterior
+        badly, and an HMC proposal adapts a diagonal mass instead.
+        """
+        return (
+            self._own_covariance
+            and self.control is not None
+            and self.oracles.expansion == "unconstrained"
+        )
+
+    @property
     def _gaussian_posterior(self) -> bool:
         """Whether the far-from-reference warning's Gaussian limit describes the posterior.
 
@@ -458,9 +470,6 @@ class SubsampleMH(SubsampleStepBase):
                     self.proposal_kind = "hmc" if self.oracles.rows_depend_on_q else "random_walk"
             proposal_cov = self.proposal_part.proposal_cov  # a proposal_cov the user gave stays
             if self._own_covariance:
-                self._laplace_proposal = (
-                    self.control is not None and self.oracles.expansion == "unconstrained"
-                )
                 # Without the Laplace covariance an HMC proposal adapts a diagonal mass.
                 proposal_cov = (
                     self.control.covariance

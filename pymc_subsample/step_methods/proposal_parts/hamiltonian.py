@@ -177,9 +177,8 @@ class HamiltonianPart(ProposalPart):
         N rows per draw anyway. Else ``TRAJECTORY_GRADIENT_ROWS`` until the first checkpoint
         of tuning, then the size the noise measured there asks for (:meth:`_resize`).
         """
-        n_rows = step.oracles.n_rows
-        if n_rows <= TRAJECTORY_GRADIENT_ROWS or (step.control is None and step.temperature == 1.0):
-            return n_rows
+        if _reads_every_row(step):
+            return step.oracles.n_rows
         return max(self._rows_needed) if self._rows_needed else TRAJECTORY_GRADIENT_ROWS
 
     def _resize(self, step: SubsampleMH, q: np.ndarray) -> None:
@@ -195,8 +194,8 @@ class HamiltonianPart(ProposalPart):
         likelihood in its location parameters.
         """
         oracles, size = step.oracles, TRAJECTORY_MIN_GRADIENT_ROWS
-        if self.trajectory_gradient_rows(step) == oracles.n_rows and not self._rows_needed:
-            return  # every row (small N, or no control variate at temperature 1)
+        if _reads_every_row(step):
+            return
         with np.errstate(over="ignore", invalid="ignore"):
             estimates = np.array(
                 [
@@ -283,3 +282,13 @@ def _whitened(step: SubsampleMH, gradients: np.ndarray) -> np.ndarray:
     assert isinstance(kernel, HamiltonianProposal)
     factor = np.asarray(kernel.chol_factor)
     return gradients * factor if factor.ndim == 1 else gradients @ factor
+
+
+def _reads_every_row(step: SubsampleMH) -> bool:
+    """Whether the trajectories' gradient reads all N rows, whatever its noise.
+
+    Small data (N at most ``TRAJECTORY_GRADIENT_ROWS``), and no control variate at temperature
+    1, where a minibatch's noise is about ``sqrt(N / n)`` times the posterior's gradient.
+    """
+    n_rows = step.oracles.n_rows
+    return n_rows <= TRAJECTORY_GRADIENT_ROWS or (step.control is None and step.temperature == 1.0)
