@@ -21,8 +21,8 @@ def _model(temperature: float) -> GaussianMean:
     return GaussianMean(x, temperature=temperature)
 
 
-def barker(batch_size, temperature, error_bound=None, log_ratio_factor=1.0):
-    correction = correction_distribution(1.0)
+def barker(batch_size, temperature, error_bound=None, log_ratio_factor=1.0, sigma=1.0):
+    correction = correction_distribution(sigma)
 
     def decide(rng, rows, sampler, prior_ratio):
         def scaled(idx):
@@ -69,6 +69,26 @@ def test_acceptance_frequency_is_the_barker_function(offset_in_sds):
     assert all(d.variance < 1 and not d.full_data for d in decisions)
     assert np.mean([d.n_data for d in decisions]) < 300
     tolerance = 4.5 * math.sqrt(barker_probability * (1 - barker_probability) / 20_000) + 0.01
+    assert abs(frequency - barker_probability) < tolerance
+
+
+@pytest.mark.parametrize(("start_in_sds", "offset_in_sds"), [(0.25, 1.5), (-1.0, 3.0)])
+def test_a_wider_correction_keeps_the_barker_function(start_in_sds, offset_in_sds):
+    # correction_sd = 1.2: batches pass while s^2 < 1.44, X_nc ~ N(0, 1.44 - s^2) and X_corr is
+    # the table for 1.2. Both moves have Barker probability about 0.18 (where the noise's scale
+    # matters); s^2 spans 0.1 to 0.35 in the first and 0.5 to 1.4 in the second, so a fifth of
+    # its batches pass above 1. 50,000 tests: 4.5 standard errors (0.0078, false failure 7e-6)
+    # plus 0.003 for the CLT error of Gaussian rows. With X_nc's variance taken as 1 - s^2, or
+    # the table for sigma = 1 under the limit 1.44, both cases are 0.019 to 0.023 off (checked).
+    model = _model(temperature=1000.0)
+    theta = model.post_mean + start_in_sds * model.post_sd
+    proposal = theta + offset_in_sds * model.post_sd
+    decisions, barker_probability = _acceptance(
+        model, theta, proposal, barker(100, 1000.0, sigma=1.2), 50_000, seed=2
+    )
+    assert all(d.variance < 1.44 and not d.full_data for d in decisions)
+    frequency = np.mean([d.accepted for d in decisions])
+    tolerance = 4.5 * math.sqrt(barker_probability * (1 - barker_probability) / 50_000) + 0.003
     assert abs(frequency - barker_probability) < tolerance
 
 

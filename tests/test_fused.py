@@ -148,11 +148,13 @@ def test_stages_decide_where_the_t_test_of_the_python_path_does(epsilon):
             assert accumulator[6] == pytest.approx(stats.std_error[stage], rel=1e-9)
 
 
-def _decide(test: int, mean: float, std_error: float, n_rows: int, full: bool) -> bool:
+def _decide(
+    test: int, mean: float, std_error: float, n_rows: int, full: bool, sigma: float = 1.0
+) -> bool:
     accumulator = np.zeros(fused.ACCUMULATOR_SIZE)
     accumulator[5], accumulator[6] = mean, std_error
     accumulator[7] = n_rows if full else n_rows - 1
-    table = correction_distribution(1.0)
+    table = correction_distribution(sigma)
     log_u = fused.log_uniform_for(test)
     return fused.finish_decision(
         test,
@@ -165,24 +167,27 @@ def _decide(test: int, mean: float, std_error: float, n_rows: int, full: bool) -
         np.zeros(4, dtype=np.int64),
         table.support,
         table.cumulative,
+        sigma,
         np.zeros(len(fused.RESULT_FIELDS)),
     )
 
 
-@pytest.mark.parametrize("variance", [0.0, 0.5])
+@pytest.mark.parametrize(("variance", "sigma"), [(0.0, 1.0), (0.5, 1.0), (0.3, 1.2), (1.3, 1.2)])
 @pytest.mark.parametrize("delta", [-1.0, 0.7, 2.0])
-def test_barker_decision_has_the_logistic_acceptance(delta, variance):
+def test_barker_decision_has_the_logistic_acceptance(delta, variance, sigma):
     # The estimate Delta* ~ N(delta, s^2) (its CLT noise, drawn here) with s^2 = variance: the
-    # test adds X_nc ~ N(0, 1 - s^2) and X_corr, so the total noise is logistic and the
-    # acceptance rate over 20,000 decisions is 1 / (1 + e^-delta) within 5 standard errors
-    # (false failure 6e-7 per case). Without X_corr (Gaussian noise) it is Phi(delta): 8 to
-    # 11 SEs off.
+    # test adds X_nc ~ N(0, sigma^2 - s^2) and X_corr for sigma, so the total noise is logistic
+    # and the acceptance rate over 20,000 decisions is 1 / (1 + e^-delta) within 5 standard
+    # errors (false failure 6e-7 per case). Without X_corr (Gaussian noise) it is Phi(delta): 8
+    # to 11 SEs off. With sigma = 1.2, X_nc's variance taken as 1 - s^2 or the table for
+    # sigma = 1 fails the s^2 = 0.3 cases (checked).
     n_rows = 1000
     std_error = np.sqrt(variance) / n_rows
     estimates = delta + np.sqrt(variance) * np.random.default_rng(7).standard_normal(20_000)
     fused.seed_generator(7)
     accepted = [
-        _decide(fused.BARKER, estimate / n_rows, std_error, n_rows, False) for estimate in estimates
+        _decide(fused.BARKER, estimate / n_rows, std_error, n_rows, False, sigma)
+        for estimate in estimates
     ]
     expected = expit(delta)
     assert abs(np.mean(accepted) - expected) < 5 * np.sqrt(expected * (1 - expected) / 20_000)

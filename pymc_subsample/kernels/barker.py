@@ -8,11 +8,13 @@ Notation of the paper (tempered likelihood, temperature T):
 
 The exact Barker test accepts iff ``Delta + X_log > 0`` with ``X_log`` standard logistic
 (eq. 10). Its minibatch version estimates ``Delta`` by ``Delta*``, whose noise is about
-``N(0, s^2)`` by the CLT; when ``s^2 < 1`` it adds ``X_nc ~ N(0, 1 - s^2)`` and the correction
-``X_corr`` (:mod:`pymc_subsample.kernels.correction`), so that the total noise is logistic:
-accept iff ``Delta* + X_nc + X_corr > 0`` (eq. 13). The batch grows by ``batch_size`` rows
-while ``s^2 >= 1`` (or, with ``error_bound``, while the CLT bound of Corollary 1 exceeds it).
-With all N rows it makes the exact Barker decision with logistic noise.
+``N(0, s^2)`` by the CLT; when ``s^2 < sigma^2`` it adds ``X_nc ~ N(0, sigma^2 - s^2)`` and the
+correction ``X_corr`` for that sigma (:mod:`pymc_subsample.kernels.correction`, eq. 14), so that
+the total noise is logistic: accept iff ``Delta* + X_nc + X_corr > 0`` (eq. 13). Algorithm 1
+takes sigma = 1; the paper's appendix C.1 (Table 3) weighs sigma from 0.8 to 1.1: a larger sigma
+lets smaller batches pass, at a correction whose fit is less exact. The batch grows by
+``batch_size`` rows while ``s^2 >= sigma^2`` (or, with ``error_bound``, while the CLT bound of
+Corollary 1 exceeds it). With all N rows it makes the exact Barker decision with logistic noise.
 """
 
 from __future__ import annotations
@@ -116,7 +118,7 @@ def minibatch_barker_test(
     error_bound : float or None
         The paper's delta: also grow the batch while the Corollary 1 bound exceeds it.
     correction : CorrectionDistribution
-        ``X_corr`` for sigma = 1.
+        ``X_corr`` for its ``sigma``: batches pass once ``s^2 < sigma^2``.
 
     Returns
     -------
@@ -129,9 +131,10 @@ def minibatch_barker_test(
     if not np.isfinite(log_prior_proposal_ratio):
         return BarkerDecision(False, 0, 0, False, math.nan, math.nan, True, -math.inf)
     n_rows = rows.n_rows
+    variance_limit = correction.sigma**2
 
     def small_variance(stats: StageStatistics, prefix: Callable[[int], np.ndarray]) -> np.ndarray:
-        allowed = delta_variance(stats.std_error, n_rows, temperature) < 1.0  # Algorithm 1
+        allowed = delta_variance(stats.std_error, n_rows, temperature) < variance_limit  # Alg. 1
         if error_bound is None or not allowed.any():
             return allowed
         for stage in allowed.nonzero()[0]:
@@ -153,7 +156,7 @@ def minibatch_barker_test(
         variance = float(delta_variance(outcome.std_error, n_rows, temperature))
         if error_bound is not None:
             clt_error = clt_error_bound(evaluated_prefix(outcome.chunks, outcome.n_used))
-        noise = math.sqrt(1.0 - variance) * rng.standard_normal() + sample_correction(
+        noise = math.sqrt(variance_limit - variance) * rng.standard_normal() + sample_correction(
             rng, correction
         )
         accepted = delta_star + noise > 0.0  # eq. 13

@@ -285,7 +285,7 @@ def consume_stages(
     mean) and the test's rule: the t-test stops when ``|mean - threshold| / se`` exceeds
     ``critical[stage]``, the ``1 - epsilon`` quantile of Student's t with ``n - 1`` degrees of
     freedom (``delta < epsilon`` of Algorithm 1); Barker stops when ``(scale se)^2 < 1`` with
-    ``scale = N / T``. When the call has read all N rows (``all_read``) the test decides on
+    ``scale = N / (T sigma)``, i.e. ``s^2 < sigma^2`` for the correction's sigma. When the call has read all N rows (``all_read``) the test decides on
     all of them. The first stage also gives the excess kurtosis of its values.
     """
     seen = int(accumulator[_SEEN])
@@ -356,14 +356,15 @@ def finish_decision(
     counters: np.ndarray,
     correction_support: np.ndarray,
     correction_cumulative: np.ndarray,
+    correction_sd: float,
     result: np.ndarray,
 ) -> bool:
     """Make the test's decision from the stopping stage and fill ``result``; return it.
 
     The t-test accepts when the mean exceeds the threshold, or on all rows when the exact
     log ratio exceeds ``log u`` (``kernels/austerity.py``). Barker accepts when
-    ``Delta* + X_nc + X_corr > 0`` (eq. 13), with ``X_nc ~ N(0, 1 - s^2)`` and ``X_corr`` by
-    inverse CDF from the correction table, or on all rows when ``Delta*`` plus logistic
+    ``Delta* + X_nc + X_corr > 0`` (eq. 13), with ``X_nc ~ N(0, sigma^2 - s^2)`` and ``X_corr``
+    by inverse CDF from the correction table for ``sigma = correction_sd``, or on all rows when ``Delta*`` plus logistic
     noise is positive (eq. 10).
     """
     n_data = counters[_TAKEN]
@@ -391,7 +392,7 @@ def finish_decision(
     else:
         spread = accumulator[_STD_ERROR] * n_rows / temperature
         variance = spread * spread
-        noise = math.sqrt(1.0 - variance) * np.random.standard_normal()
+        noise = math.sqrt(correction_sd**2 - variance) * np.random.standard_normal()
         index = np.searchsorted(correction_cumulative, np.random.random(), side="right")
         noise += correction_support[min(int(index), correction_support.size - 1)]
         accepted = delta_star + noise > 0.0

@@ -18,9 +18,10 @@ class MinibatchBarkerMH(SubsampleMH, test=BarkerTest):
     ``Delta* = (N / T) mean_batch(l_i) + log prior(q') - log prior(q)``
 
     from a batch of rows drawn without replacement, together with the variance ``s^2`` of that
-    estimate. While ``s^2 >= 1`` (and, if ``error_bound`` is set, while the CLT bound of the
-    paper's Corollary 1 exceeds it) the batch grows by ``batch_size`` rows. Then it draws
-    ``X_nc ~ N(0, 1 - s^2)`` and ``X_corr`` from the correction distribution and accepts iff
+    estimate. While ``s^2 >= sigma^2`` (``sigma = correction_sd``, 1 in the paper; and, if
+    ``error_bound`` is set, while the CLT bound of the paper's Corollary 1 exceeds it) the batch
+    grows by ``batch_size`` rows. Then it draws ``X_nc ~ N(0, sigma^2 - s^2)`` and ``X_corr``
+    from the correction distribution for that sigma (eq. 14) and accepts iff
     ``Delta* + X_nc + X_corr > 0``: the total noise is standard logistic, which makes this the
     Barker test ``P(accept) = 1 / (1 + exp(-Delta))`` up to the CLT error. With all N rows it
     makes the exact Barker decision (``full_data``). Never assigned automatically.
@@ -40,6 +41,12 @@ class MinibatchBarkerMH(SubsampleMH, test=BarkerTest):
         The paper's delta, in (0, 1): also grow the batch until Corollary 1's bound on the
         CDF error of ``Delta*`` is at most this. The bound is loose (about ``11.8 / sqrt(b)`` on
         Gaussian data, so 0.1 needs about 14,000 rows); None (default) skips it.
+    correction_sd : float, default 1.0
+        The sigma of the paper's eq. 14, in (0, 1.5]: the Gaussian part of the test's logistic
+        noise, so the largest ``s^2`` a batch may have. Rows per decision fall about as
+        ``1 / sigma^2``; the correction's CDF error grows from below 1e-7 at 1 to 2e-5 at 1.2
+        (the paper's appendix C.1 weighs 0.8 to 1.1), and a smaller batch's CLT error grows.
+        On the paper's section 6.1 mixture 1.2 reads 0.8x the rows of 1.0 (see the README).
     proposal, scaling, proposal_cov, tune_interval, obs_dim, model, rng, compile_kwargs
         As for :class:`~pymc_subsample.AusterityMH`. Tuning follows :func:`barker_tune`. With
         ``proposal="langevin"`` the Barker test compares ``Delta*`` plus the log proposal
@@ -57,7 +64,7 @@ class MinibatchBarkerMH(SubsampleMH, test=BarkerTest):
     Notes
     -----
     **What the knobs control.** ``batch_size`` and ``temperature`` set how many rows are needed
-    for ``s^2 < 1``; the test's error comes from the CLT approximation of ``Delta*`` (Corollary
+    for ``s^2 < sigma^2``; the test's error comes from the CLT approximation of ``Delta*`` (Corollary
     2 of the paper: the CDF error of the total noise equals that of ``Delta*``) and from the
     correction distribution (sup-CDF error below 1e-7). Heavy-tailed ``l_i`` break the CLT.
     **At temperature 1** with proposals on the posterior scale, ``s^2`` is about

@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 __all__ = ["FUSED_PROPOSALS", "FusedDraw", "fused_obstacle", "seed_fused_draws"]
 
 #: Bump when the generated driver's source changes (the key of its disk cache includes it).
-DRIVER_VERSION = 2
+DRIVER_VERSION = 3
 
 
 #: The proposal parts the fused draw compiles (``kernels/fused.propose``), by their exact class:
@@ -110,11 +110,13 @@ class FusedDraw:
         return q, self._layout.read(self.result)
 
     def _current_key(self) -> tuple[Any, ...]:
-        # Compared by identity: a new proposal, proxy or row sampler is new state to read.
+        # Compared by identity: a new proposal, proxy, row sampler or test design (which comes
+        # with its batch size, kernels/test_design.py) is new state to read.
         step = self._step
         control = step.control
         proxy = None if control is None else control.proxy
-        return (step.proposal, proxy, step.row_sampler, step.oracles.proxy_order)
+        design = getattr(step.test, "design", None)
+        return (step.proposal, proxy, step.row_sampler, step.oracles.proxy_order, design)
 
     def _refresh(self) -> None:
         """Read the step's proposal, control variate and rows (again)."""
@@ -162,10 +164,10 @@ class FusedDraw:
             if test_kind == fused.AUSTERITY
             else np.zeros(1)
         )
-        support, cumulative = (
-            (np.zeros(1), np.ones(1))
+        support, cumulative, correction_sd = (
+            (np.zeros(1), np.ones(1), 1.0)
             if correction is None
-            else (correction.support, correction.cumulative)
+            else (correction.support, correction.cumulative, correction.sigma)
         )
         fixed = (
             kind,
@@ -184,6 +186,7 @@ class FusedDraw:
             critical,
             np.asarray(support, dtype=np.float64),
             np.asarray(cumulative, dtype=np.float64),
+            float(correction_sd),
             sampler.stamps,
             sampler.counters,
             np.zeros(fused.ACCUMULATOR_SIZE),
@@ -237,11 +240,15 @@ def _as_matrix(factor: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(np.diag(factor) if factor.ndim == 1 else factor, dtype=np.float64)
 
 
-def _critical_values(n_rows: int, batch_size: int, error_tolerance: float) -> np.ndarray:
+def _critical_values(
+    n_rows: int, batch_size: int, error_tolerance: float | np.ndarray
+) -> np.ndarray:
     """``t_{n-1}`` quantiles ``1 - epsilon`` at every stage boundary (Algorithm 1, line 8).
 
     ``stdtr(n - 1, -|t|) < epsilon`` holds exactly when ``|t|`` exceeds this quantile; one
-    value per stage of ``batch_size`` rows, O(N / batch_size) once per step.
+    value per stage of ``batch_size`` rows, O(N / batch_size) once per step. An array of
+    tolerances gives each stage its own (a designed test, ``kernels/test_design.py``); a
+    tolerance of 0 gives an infinite quantile: the test does not stop there.
     """
     n_stages = -(-n_rows // batch_size)
     n_values = np.minimum(np.arange(1, n_stages + 1) * batch_size, n_rows)
@@ -254,7 +261,8 @@ _DRIVER_TEMPLATE = """
 def fused_draw(
     q_old, scaling, kind, factor, inverse_factor, mean, temperature, order, reference,
     gradient_sum, hessian_sum, precision, n_rows, batch_size, test, critical, correction_support,
-    correction_cumulative, stamps, counters, accumulator, result{data_args}{prior_args}{row_args}
+    correction_cumulative, correction_sd, stamps, counters, accumulator,
+    result{data_args}{prior_args}{row_args}
 ):
     q_new, log_ratio = propose(kind, q_old, scaling, factor, inverse_factor, mean)
     log_ratio += prior_ratio(q_new, q_old{prior_args})[0].item()
@@ -267,7 +275,7 @@ def fused_draw(
     nonfinite = not np.isfinite(log_ratio)
     if not nonfinite:
         threshold = temperature * (log_u - log_ratio) / n_rows
-        scale = n_rows / temperature
+        scale = n_rows / (temperature * correction_sd)  # Barker: stop once s^2 < sigma^2
         first = np.empty(0, dtype=np.int64)
         remaining = np.empty(0, dtype=np.int64)
         while True:  # one stage per call: the rows evaluated are the rows the test used
@@ -287,7 +295,7 @@ def fused_draw(
                 break
     accepted = finish_decision(
         test, nonfinite, log_ratio, log_u, n_rows, temperature, accumulator, counters,
-        correction_support, correction_cumulative, result,
+        correction_support, correction_cumulative, correction_sd, result,
     )
     q_next = q_new if accepted else q_old
     result[8] = distance_sq(q_next, reference, precision) if order > 0 else np.nan

@@ -9,7 +9,7 @@ import numpy as np
 
 from pymc_subsample.kernels import fused as fused_kernels
 from pymc_subsample.kernels.barker import BarkerDecision, minibatch_barker_test
-from pymc_subsample.kernels.correction import correction_distribution
+from pymc_subsample.kernels.correction import MAX_SIGMA, correction_distribution
 from pymc_subsample.step_methods.acceptance_tests import (
     AcceptanceTest,
     FusedTest,
@@ -46,13 +46,20 @@ def barker_tune(scaling: float, acceptance: float) -> float:
 
 
 class BarkerTest(AcceptanceTest):
-    """Accept iff ``Delta* + X_nc + X_corr > 0``, growing the batch while ``s^2 >= 1`` (eq. 13).
+    """Accept iff ``Delta* + X_nc + X_corr > 0``, growing the batch while ``s^2 >= sigma^2`` (eq. 13).
 
     Parameters
     ----------
     error_bound : float, optional
         The paper's delta, in (0, 1): also grow the batch until Corollary 1's bound on the CDF
         error of ``Delta*`` is at most this (then the draw runs in Python). None skips it.
+    correction_sd : float, default 1.0
+        The sigma of eq. 14: the Gaussian part of the logistic noise, in (0, 1.5]. A batch
+        passes once the variance ``s^2`` of its estimate is below ``sigma^2``, and the test adds
+        ``X_nc ~ N(0, sigma^2 - s^2)`` and ``X_corr`` for this sigma. Algorithm 1 uses 1; a
+        larger sigma passes smaller batches (rows per decision fall about as ``1 / sigma^2``) with
+        a correction whose CDF error grows (below 1e-7 at 1, 2e-5 at 1.2, see
+        ``kernels/correction.py``), and the batch's CLT error grows as it shrinks.
     """
 
     decision = BarkerDecision
@@ -68,10 +75,10 @@ class BarkerTest(AcceptanceTest):
         "residual_kurtosis": (np.float64, []),
     }
 
-    def __init__(self, error_bound: float | None = None) -> None:
+    def __init__(self, error_bound: float | None = None, correction_sd: float = 1.0) -> None:
         self.error_bound = _check_error_bound(error_bound)
-        #: X_corr for sigma = 1 (``kernels/correction.py``), computed once.
-        self.correction = correction_distribution(1.0)
+        #: X_corr for sigma = correction_sd (``kernels/correction.py``), computed once per sigma.
+        self.correction = correction_distribution(_check_correction_sd(correction_sd))
 
     def fused(self, step: SubsampleMH) -> FusedTest | None:
         """Return the Barker test with its correction; with ``error_bound``, None (Python)."""
@@ -108,6 +115,18 @@ class BarkerTest(AcceptanceTest):
             self.error_bound,
             self.correction,
         )
+
+
+def _check_correction_sd(correction_sd: float) -> float:
+    value = float(correction_sd)
+    if not 0.0 < value <= MAX_SIGMA:
+        raise ValueError(
+            f"correction_sd must be in (0, {MAX_SIGMA}], got {correction_sd!r}. It is the sigma of "
+            "the Gaussian part of the test's logistic noise (Seita et al., eq. 14), which must "
+            "leave room for the correction below the logistic variance pi^2/3; 1.0 is the "
+            "paper's choice."
+        )
+    return value
 
 
 def _check_error_bound(error_bound: float | None) -> float | None:
