@@ -285,8 +285,9 @@ def consume_stages(
     mean) and the test's rule: the t-test stops when ``|mean - threshold| / se`` exceeds
     ``critical[stage]``, the ``1 - epsilon`` quantile of Student's t with ``n - 1`` degrees of
     freedom (``delta < epsilon`` of Algorithm 1); Barker stops when ``(scale se)^2 < 1`` with
-    ``scale = N / (T sigma)``, i.e. ``s^2 < sigma^2`` for the correction's sigma. When the call has read all N rows (``all_read``) the test decides on
-    all of them. The first stage also gives the excess kurtosis of its values.
+    ``scale = N / (T sigma)``, i.e. ``s^2 < sigma^2`` for the correction's sigma. When the call
+    has read all N rows (``all_read``) the test decides on all of them. The first stage also
+    gives the excess kurtosis of its values.
     """
     seen = int(accumulator[_SEEN])
     if seen == 0:
@@ -364,8 +365,8 @@ def finish_decision(
     The t-test accepts when the mean exceeds the threshold, or on all rows when the exact
     log ratio exceeds ``log u`` (``kernels/austerity.py``). Barker accepts when
     ``Delta* + X_nc + X_corr > 0`` (eq. 13), with ``X_nc ~ N(0, sigma^2 - s^2)`` and ``X_corr``
-    by inverse CDF from the correction table for ``sigma = correction_sd``, or on all rows when ``Delta*`` plus logistic
-    noise is positive (eq. 10).
+    by inverse CDF from the correction table for ``sigma = correction_sd``, or on all rows when
+    ``Delta*`` plus logistic noise is positive (eq. 10).
     """
     n_data = counters[_TAKEN]
     result[:8] = 0.0  # the test's entries; distance_sq and what follows are the driver's

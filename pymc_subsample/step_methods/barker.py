@@ -63,9 +63,10 @@ class MinibatchBarkerMH(SubsampleMH, test=BarkerTest):
 
     Notes
     -----
-    **What the knobs control.** ``batch_size`` and ``temperature`` set how many rows are needed
-    for ``s^2 < sigma^2``; the test's error comes from the CLT approximation of ``Delta*`` (Corollary
-    2 of the paper: the CDF error of the total noise equals that of ``Delta*``) and from the
+    **What the knobs control.** ``batch_size``, ``temperature`` and ``correction_sd`` set how
+    many rows are needed for ``s^2 < sigma^2``; the test's error comes from the CLT
+    approximation of ``Delta*`` (Corollary 2 of the paper: the CDF error of the total noise
+    equals that of ``Delta*``) and from the
     correction distribution (sup-CDF error below 1e-7). Heavy-tailed ``l_i`` break the CLT.
     **At temperature 1** with proposals on the posterior scale, ``s^2`` is about
     ``N s_l^2 (N - b) / b`` (with the finite-population correction) where ``s_l^2``, the

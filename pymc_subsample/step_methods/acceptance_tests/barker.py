@@ -46,7 +46,9 @@ def barker_tune(scaling: float, acceptance: float) -> float:
 
 
 class BarkerTest(AcceptanceTest):
-    """Accept iff ``Delta* + X_nc + X_corr > 0``, growing the batch while ``s^2 >= sigma^2`` (eq. 13).
+    """Accept iff ``Delta* + X_nc + X_corr > 0``, growing the batch while ``s^2 >= sigma^2``.
+
+    Seita et al., eq. 13.
 
     Parameters
     ----------
