@@ -9,6 +9,15 @@ Use a step with ``pm.sample``::
         idata = pm.sample(step=pms.AusterityMH(error_tolerance=0.01, batch_size=500))
 """
 
+from pymc_subsample.kernels.test_design import (
+    DesignChoice,
+    OptimalDesign,
+    ProposalSample,
+    SequentialDesign,
+    acceptance_error,
+    design_test,
+    operating_characteristics,
+)
 from pymc_subsample.kernels.user_proposal import ProposalFunction
 from pymc_subsample.plots import plot_data_usage
 from pymc_subsample.reference import ReferencePoint, find_reference_point
@@ -24,15 +33,22 @@ __all__ = [
     "SGFS",
     "AcceptanceTest",
     "AusterityMH",
+    "DesignChoice",
     "MinibatchBarkerMH",
+    "OptimalDesign",
     "PolynomialStepSize",
     "ProposalFunction",
     "ProposalPart",
+    "ProposalSample",
     "ReferencePoint",
+    "SequentialDesign",
     "SubsampleMH",
     "SubsampleWarning",
     "__version__",
+    "acceptance_error",
+    "design_test",
     "find_reference_point",
+    "operating_characteristics",
     "plot_data_usage",
     "register_proposal",
 ]

@@ -65,7 +65,7 @@ def sequential_mh_test(
     log_ratio_rows: LogRatioRows,
     rows: RowSampler,
     log_prior_proposal_ratio: float,
-    error_tolerance: float,
+    error_tolerance: float | np.ndarray,
     batch_size: int,
     temperature: float = 1.0,
 ) -> AusterityDecision:
@@ -87,8 +87,10 @@ def sequential_mh_test(
         Row sampler over the N rows; a new test is started here.
     log_prior_proposal_ratio : float
         ``log rho(theta') - log rho(theta) + log q(theta|theta') - log q(theta'|theta)``.
-    error_tolerance : float
-        The paper's epsilon: stop when ``delta < error_tolerance``.
+    error_tolerance : float or ndarray
+        The paper's epsilon: stop when ``delta < error_tolerance``. An array gives one per
+        stage (a designed test's bound sequence, ``kernels/test_design.py``); 0 where the test
+        may not stop.
     batch_size : int
         The paper's m: rows added per stage.
     temperature : float, default 1
@@ -108,6 +110,9 @@ def sequential_mh_test(
     threshold = temperature * _threshold(log_u, log_prior_proposal_ratio, n_rows)
 
     def confident(stats: StageStatistics, _prefix: object) -> np.ndarray:
+        if isinstance(error_tolerance, np.ndarray):  # stage j ends at j * batch_size rows
+            stage = (stats.n_values.astype(np.int64) - 1) // batch_size
+            return stats.test_error < error_tolerance[stage]
         return stats.test_error < error_tolerance  # Algorithm 1, line 8
 
     outcome = run_stages(rng, log_ratio_rows, rows, batch_size, threshold, confident)

@@ -225,6 +225,7 @@ class SubsampleStepBase(ArrayStepShared):
 #: The stats every Metropolis-Hastings step adds to its test's (``SubsampleMH._draw_stats``
 #: and the control variate's distance; ``residual_kurtosis`` is a decision field).
 STEP_STATS: dict[str, StatSpec] = {
+    "batch_size": (np.int64, []),
     "n_grad_rows": (np.int64, []),
     "n_steps": (np.int64, []),
     "diverging": (bool, []),
@@ -259,7 +260,7 @@ class SubsampleMH(SubsampleStepBase):
             if not (isinstance(test, type) and issubclass(test, AcceptanceTest)):
                 raise TypeError(f"test= must be an AcceptanceTest subclass, got {test!r}.")
             cls.test_class = test
-            cls.stats_dtypes_shapes = {**test.stats, **STEP_STATS}
+            cls.stats_dtypes_shapes = {**test.stats, **test.setting_stats, **STEP_STATS}
             if "__init__" not in cls.__dict__:
                 _give_constructor(cls, test)
         super().__init_subclass__(**kwargs)
@@ -345,6 +346,7 @@ class SubsampleMH(SubsampleStepBase):
             )
             # At most N: with fewer rows than a default batch the test is exact, as it should be.
             self.batch_size = min(default, self.oracles.n_rows)
+        self.test.prepare(self)
         #: The proposal's part: how it is built, run and tuned (``proposal_parts``); its
         #: ``proposal_cov`` is the covariance in use (given, the Laplace one, or None).
         self.proposal_part = self._make_part(proposal_cov)
@@ -424,6 +426,7 @@ class SubsampleMH(SubsampleStepBase):
 
     def _start_chain(self, tune: bool) -> None:
         super()._start_chain(tune)
+        self.test.start_chain(self, tune)
         self._seed_fused = True
 
     @property
@@ -462,6 +465,7 @@ class SubsampleMH(SubsampleStepBase):
         # New data (pm.set_data): new N for the row sampler and the diagnostics, and new
         # gradient and Hessian sums for the control variate, found again when it was automatic.
         self.row_sampler = RowSampler(self.oracles.n_rows)
+        self.test.prepare(self)
         if self.control is not None:
             self.control = self._make_control_variate(self._reference_point)
             if self.control is None:  # the automatic search failed on the new data
@@ -657,6 +661,7 @@ class SubsampleMH(SubsampleStepBase):
         self.steps_until_tune -= 1
         self.accepted_since_tune += int(accepted)
         stats.update(self._draw_stats())
+        stats.update(self.test.setting_values(self))
         stats["scaling"] = scaling
         stats["accepted"] = float(accepted)
         # PyMC's energy_error, H(q', p') - H(q, p): minus the estimated log acceptance ratio,
@@ -677,7 +682,9 @@ class SubsampleMH(SubsampleStepBase):
                 self._record_tuning_draw(q)
             if not self.tune and distance_sq > control.limit and self._gaussian_posterior:
                 self.diagnostics.warn_far(distance_sq, control.limit)
-        if not self.tune:
+        if self.tune:
+            self.test.record_tuning_state(self, q)
+        else:
             self.diagnostics.record(stats["full_data"], stats["residual_kurtosis"], stats["n_data"])
         return RaveledVars(q, q0.point_map_info), [stats]
 
@@ -732,6 +739,7 @@ class SubsampleMH(SubsampleStepBase):
         """
         super().stop_tuning()
         self.proposal_part.stop_tuning(self)
+        self.test.stop_tuning(self)
         if self.control is None or not self.recenter or not self._tune_blocks:
             return
         last_half = np.sum(self._tune_blocks[len(self._tune_blocks) // 2 :], axis=0)
@@ -740,11 +748,16 @@ class SubsampleMH(SubsampleStepBase):
             self._reshape_proposal(self.control.covariance)
         self._tune_blocks = []
 
+    def charge_rows(self, n_rows: int) -> None:
+        """Count rows read outside a draw (a test's design) in the next draw's ``n_data``."""
+        self._pending_rows += n_rows
+
     def _draw_stats(self) -> dict[str, float]:
         """Stats of the step itself, added to the kernel's."""
         part = self.proposal_part
         trajectory = part.info
         return {
+            "batch_size": self.batch_size,
             "n_grad_rows": part.gradient_rows(self),
             "n_steps": trajectory.n_steps,
             "diverging": trajectory.diverging,

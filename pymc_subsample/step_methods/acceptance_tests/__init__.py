@@ -61,8 +61,8 @@ class FusedTest(NamedTuple):
 
     #: ``kernels.fused.AUSTERITY`` or ``kernels.fused.BARKER``.
     kind: int
-    #: The t-test's error tolerance (unused by Barker).
-    error_tolerance: float
+    #: The t-test's error tolerance, or one per stage (unused by Barker).
+    error_tolerance: float | np.ndarray
     #: Barker's correction distribution (None for the t-test).
     correction: CorrectionDistribution | None
 
@@ -85,6 +85,9 @@ class AcceptanceTest(ABC):
     fields: ClassVar[tuple[str, ...]] = ()
     #: The step's ``batch_size`` default without a control variate (with one it is 100).
     uncontrolled_batch_size: ClassVar[int] = 100
+    #: Stats of the test's settings, the same at every draw of a chain's phase (a designed
+    #: test's chosen tolerance); :meth:`setting_values` gives them.
+    setting_stats: ClassVar[dict[str, StatSpec]] = {}
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -137,6 +140,22 @@ class AcceptanceTest(ABC):
     def exact(self, step: SubsampleMH) -> bool:
         """Whether every decision reads all rows by request (no fallback warning then)."""
         return False
+
+    def prepare(self, step: SubsampleMH) -> None:  # noqa: B027 (a hook: nothing by default)
+        """Fit the test to the step's rows, once its batch is resolved and after new data."""
+
+    def start_chain(self, step: SubsampleMH, tune: bool) -> None:  # noqa: B027 (a hook: nothing by default)
+        """Start a chain (``tune``: whether it tunes first)."""
+
+    def record_tuning_state(self, step: SubsampleMH, q: np.ndarray) -> None:  # noqa: B027 (a hook: nothing by default)
+        """See the chain's point after a tuning draw."""
+
+    def stop_tuning(self, step: SubsampleMH) -> None:  # noqa: B027 (a hook: nothing by default)
+        """Tuning has ended: fix what the test adapts."""
+
+    def setting_values(self, step: SubsampleMH) -> dict[str, Any]:
+        """Return the values of :attr:`setting_stats` for this draw."""
+        return {}
 
     def fused(self, step: SubsampleMH) -> FusedTest | None:
         """Return the test as the fused draw runs it, or None to run it in Python."""

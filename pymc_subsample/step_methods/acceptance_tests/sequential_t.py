@@ -2,18 +2,29 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING, ClassVar
+from functools import partial
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
 from pymc_subsample.kernels import fused as fused_kernels
 from pymc_subsample.kernels.austerity import (
+    FULL_PASS_CHUNK,
     AusterityDecision,
     exact_mh_test,
     sequential_mh_test,
 )
+from pymc_subsample.kernels.test_design import (
+    DesignChoice,
+    OptimalDesign,
+    ProposalSample,
+    SequentialDesign,
+    design_test,
+)
 from pymc_subsample.step_methods.acceptance_tests import AcceptanceTest, FusedTest, StatSpec
+from pymc_subsample.warnings import warn_user
 
 if TYPE_CHECKING:
     from pymc_subsample.step_methods.base import SubsampleMH
@@ -28,9 +39,15 @@ class SequentialTTest(AcceptanceTest):
 
     Parameters
     ----------
-    error_tolerance : float, default 0.001
+    error_tolerance : float, SequentialDesign, OptimalDesign or "optimal", default 0.001
         The paper's epsilon, in [0, 0.5): the error allowed in each t-test. 0 runs exact
-        Metropolis-Hastings on all rows (``kernels/austerity.exact_mh_test``).
+        Metropolis-Hastings on all rows (``kernels/austerity.exact_mh_test``). A
+        :class:`~pymc_subsample.SequentialDesign` fixes the first batch (it replaces
+        ``batch_size``), the tolerance, the Wang-Tsiatis shape of the bounds and the stages
+        tested; an :class:`~pymc_subsample.OptimalDesign` (``"optimal"`` is
+        ``OptimalDesign()``) chooses them to minimise the expected rows with the error in the
+        acceptance probability bounded (section 5.2 of the 2014 paper,
+        ``kernels/test_design.py``).
     """
 
     decision = AusterityDecision
@@ -43,11 +60,35 @@ class SequentialTTest(AcceptanceTest):
         "delta_star": (np.float64, []),
         "residual_kurtosis": (np.float64, []),
     }
+    setting_stats: ClassVar[dict[str, StatSpec]] = {
+        "error_tolerance": (np.float64, []),
+        "design_rows": (np.float64, []),
+        "design_error": (np.float64, []),
+    }
     #: Without a control variate the l_i are far from Gaussian in small batches (the paper's m).
     uncontrolled_batch_size = 500
 
-    def __init__(self, error_tolerance: float = DEFAULT_ERROR_TOLERANCE) -> None:
-        self.error_tolerance = _check_error_tolerance(error_tolerance)
+    def __init__(
+        self,
+        error_tolerance: float | str | SequentialDesign | OptimalDesign = DEFAULT_ERROR_TOLERANCE,
+    ) -> None:
+        #: What was asked: a tolerance, a fixed design or an optimal design to find.
+        self.requested = _check_request(error_tolerance)
+        #: The design in use (None: the paper's test with one tolerance at every stage).
+        self.design: SequentialDesign | None = (
+            self.requested if isinstance(self.requested, SequentialDesign) else None
+        )
+        #: The optimal design chosen and what the dynamic programme predicts for it.
+        self.choice: DesignChoice | None = None
+        self.error_tolerance = (
+            self.requested
+            if isinstance(self.requested, float)
+            else self.design.error_tolerance
+            if self.design is not None
+            else DEFAULT_ERROR_TOLERANCE
+        )
+        self._tuning_states: list[np.ndarray] = []
+        self._tuning_batch = 0
 
     def exact(self, step: SubsampleMH) -> bool:
         """Tolerance 0, or a first batch of all rows: exact MH, every row read by request."""
@@ -57,7 +98,117 @@ class SequentialTTest(AcceptanceTest):
         """Return the sequential t-test with its epsilon; the exact test runs in Python."""
         if self.exact(step):
             return None
-        return FusedTest(fused_kernels.AUSTERITY, self.error_tolerance, None)
+        return FusedTest(fused_kernels.AUSTERITY, self._tolerances(step), None)
+
+    def prepare(self, step: SubsampleMH) -> None:
+        """Take a fixed design's batch, or find the worst-case optimal design (eq. 8)."""
+        self._tuning_batch = step.batch_size
+        if self.design is not None and self.choice is None:
+            step.batch_size = self.design.batch_size
+        if isinstance(self.requested, OptimalDesign) and self.requested.kind == "worst":
+            self._adopt(step, self._design(step, None))
+
+    def start_chain(self, step: SubsampleMH, tune: bool) -> None:
+        """Forget an average design: each chain finds its own from its tuning (eq. 7)."""
+        if not isinstance(self.requested, OptimalDesign) or self.requested.kind != "average":
+            return
+        self._tuning_states = []
+        self.design, self.choice = None, None
+        self.error_tolerance = DEFAULT_ERROR_TOLERANCE
+        step.batch_size = self._tuning_batch
+
+    def record_tuning_state(self, step: SubsampleMH, q: np.ndarray) -> None:
+        """Keep the last ``n_proposals`` tuning points, where the design's proposals start."""
+        if isinstance(self.requested, OptimalDesign) and self.requested.kind == "average":
+            self._tuning_states.append(q.copy())
+            del self._tuning_states[: -self.requested.n_proposals]
+
+    def stop_tuning(self, step: SubsampleMH) -> None:
+        """Find the average design from the proposals of the last tuning points (eq. 7)."""
+        request = self.requested
+        if not isinstance(request, OptimalDesign) or request.kind != "average" or self.choice:
+            return
+        if len(self._tuning_states) < 2:
+            warn_user(
+                "error_tolerance=OptimalDesign(kind='average') designs the test from tuning "
+                "draws, and this chain has none: it uses the worst-case design (eq. 8 of "
+                "Korattikara et al. 2014), which reads more rows. Give tune= draws, or "
+                "OptimalDesign(kind='worst') to say so."
+            )
+            self._adopt(step, self._design(step, None))
+            return
+        self._adopt(step, self._design(step, self._proposal_sample(step)))
+
+    def setting_values(self, step: SubsampleMH) -> dict[str, Any]:
+        """Return the first stage's tolerance and the design's predicted rows and error."""
+        choice = self.choice
+        return {
+            "error_tolerance": self.error_tolerance,
+            "design_rows": math.nan if choice is None else choice.predicted_rows,
+            "design_error": math.nan if choice is None else choice.predicted_error,
+        }
+
+    def _tolerances(self, step: SubsampleMH) -> float | np.ndarray:
+        if self.design is None:
+            return self.error_tolerance
+        return self.design.stage_tolerances(step.n_rows)
+
+    def _design(self, step: SubsampleMH, sample: ProposalSample | None) -> DesignChoice:
+        request = self.requested
+        assert isinstance(request, OptimalDesign)
+        return design_test(
+            step.n_rows,
+            request.max_error,
+            sample,
+            batch_sizes=request.batch_sizes,
+            shapes=request.shapes,
+        )
+
+    def _adopt(self, step: SubsampleMH, choice: DesignChoice) -> None:
+        self.choice = choice
+        self.design = choice.design
+        self.error_tolerance = choice.design.error_tolerance
+        step.batch_size = choice.design.batch_size
+
+    def _proposal_sample(self, step: SubsampleMH) -> ProposalSample:
+        """``(mu, sigma_l)`` of a proposal from each kept tuning point (section 5.2).
+
+        Each proposal's ``mu`` and ``sigma_l`` are the mean and sd of its ``l_i`` (with a
+        control variate, its residuals) over ``rows_per_proposal`` rows drawn at random (all
+        N when there are fewer); the rows read are added to the next draw's ``n_data``.
+        """
+        request = self.requested
+        assert isinstance(request, OptimalDesign)
+        n_rows = step.n_rows
+        size = min(n_rows, request.rows_per_proposal)
+        means, sds, ratios = [], [], []
+        for q in self._tuning_states:
+            q_new, log_proposal_ratio = step.proposal_part.propose(step, q)
+            ratio = step.oracles.log_prior_ratio(q_new, q) + log_proposal_ratio
+            rows_of: Callable[[np.ndarray], np.ndarray]
+            if step.control is None:
+                rows_of = partial(step.oracles.loglik_ratio_rows, q_new, q)
+            else:
+                rows_of = step.control.residual_rows(q_new, q)
+                ratio += step.control.log_threshold_shift(q_new, q)
+            rows = (
+                np.arange(n_rows)
+                if size == n_rows
+                else np.sort(step.rng.choice(n_rows, size, replace=False))
+            )
+            values = np.concatenate(
+                [rows_of(rows[k : k + FULL_PASS_CHUNK]) for k in range(0, size, FULL_PASS_CHUNK)]
+            )
+            if not (np.all(np.isfinite(values)) and math.isfinite(ratio)):
+                continue
+            means.append(values.mean())
+            sds.append(max(values.std(ddof=1), np.finfo(float).tiny))
+            ratios.append(ratio)
+            step.charge_rows(size)
+        self._tuning_states = []
+        return ProposalSample.from_estimates(
+            np.array(means), np.array(sds), np.array(ratios), n_rows, step.temperature
+        )
 
     def decide(
         self,
@@ -75,10 +226,25 @@ class SequentialTTest(AcceptanceTest):
             log_ratio_rows,
             step.row_sampler,
             log_prior_proposal_ratio,
-            self.error_tolerance,
+            self._tolerances(step),
             step.batch_size,
             step.temperature,
         )
+
+
+def _check_request(
+    error_tolerance: float | str | SequentialDesign | OptimalDesign,
+) -> float | SequentialDesign | OptimalDesign:
+    if isinstance(error_tolerance, SequentialDesign | OptimalDesign):
+        return error_tolerance.checked()
+    if isinstance(error_tolerance, str):
+        if error_tolerance != "optimal":
+            raise ValueError(
+                f"error_tolerance must be in [0, 0.5), 'optimal', a SequentialDesign or an "
+                f"OptimalDesign, got {error_tolerance!r}."
+            )
+        return OptimalDesign()
+    return _check_error_tolerance(error_tolerance)
 
 
 def _check_error_tolerance(error_tolerance: float) -> float:
