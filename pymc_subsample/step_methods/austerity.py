@@ -27,9 +27,14 @@ class AusterityMH(SubsampleMH, test=SequentialTTest):
     ----------
     vars : list of variables, optional
         Continuous variables to sample (default: all free variables of the model).
-    error_tolerance : float, default 0.001
+    error_tolerance : float, "optimal", OptimalDesign or SequentialDesign, default 0.001
         Probability of a wrong decision allowed in each single t-test (the paper's epsilon),
-        in [0, 0.5). 0 gives exact Metropolis-Hastings on all rows.
+        in [0, 0.5). 0 gives exact Metropolis-Hastings on all rows. ``"optimal"`` (or
+        :class:`~pymc_subsample.OptimalDesign`) designs the test, its first batch, epsilon and
+        bound shape, for the fewest expected rows under a bound on the error in the
+        acceptance probability, at the end of tuning (section 5.2 of the paper); a
+        :class:`~pymc_subsample.SequentialDesign` fixes them (its batch replaces
+        ``batch_size``). See ``docs/austerity.md``, "Designing the test".
     batch_size : int, optional
         Rows added per stage of the test (the paper's m); at least 2. Default 100 with a
         control variate (whose residuals are small and close to Gaussian), else 500, which
@@ -184,6 +189,14 @@ class AusterityMH(SubsampleMH, test=SequentialTTest):
         Proposal scale used for this draw (the leapfrog step size for HMC).
     temperature : float64
         The likelihood temperature of this run (constant).
+    batch_size : int64
+        The test's first batch for this draw (a designed test's after tuning).
+    error_tolerance : float64
+        The first stage's epsilon (a designed test's bounds change along the stages).
+    design_rows, design_error : float64
+        A designed test's predicted rows per test and error (the worst case ``E(0)`` or the
+        mean ``|Delta|`` over its tuning proposals) by the dynamic programme; NaN without a
+        design.
     residual_kurtosis : float64
         With a control variate, the excess kurtosis of the residuals of the test's first batch
         (0 for Gaussian residuals); NaN otherwise. The tests assume the batch mean is Gaussian:

@@ -101,6 +101,8 @@ class MinibatchBarkerMH(SubsampleMH, test=BarkerTest):
         Proposal scale used (the leapfrog step size for HMC).
     temperature : float64
         The likelihood temperature of this run (constant).
+    batch_size : int64
+        The test's first batch and increment (constant).
     residual_kurtosis, reference_distance : float64
         Control-variate diagnostics, as for :class:`~pymc_subsample.AusterityMH` (NaN
         without a control variate).
