@@ -348,10 +348,13 @@ def design_test(
             f"no first batch in {batch_sizes!r} is between 2 and N - 1 = {n_rows - 1}."
         )
     best: DesignChoice | None = None
-    for batch_size in candidates:
+    # Middle batches first: a good design found early lets the others stop at their first
+    # evaluation (their fewest rows, at the largest epsilon, already lose).
+    for batch_size in sorted(candidates, key=lambda m: abs(math.log(m / 500))):
         for shape in shapes:
-            choice = _best_tolerance(n_rows, max_error, sample, batch_size, shape, max_stages)
-            if choice is not None and (best is None or choice.predicted_rows < best.predicted_rows):
+            beat = math.inf if best is None else best.predicted_rows
+            choice = _best_tolerance(n_rows, max_error, sample, batch_size, shape, max_stages, beat)
+            if choice is not None and choice.predicted_rows < beat:
                 best = choice
     if best is None:
         raise ValueError(
@@ -368,8 +371,13 @@ def _best_tolerance(
     batch_size: int,
     shape: float,
     max_stages: int,
+    rows_to_beat: float = math.inf,
 ) -> DesignChoice | None:
-    """Bisect log epsilon for the largest epsilon whose error meets ``max_error``."""
+    """Bisect log epsilon for the largest epsilon whose error meets ``max_error``.
+
+    Rows fall as epsilon grows, so a design that reads ``rows_to_beat`` or more at the largest
+    epsilon cannot win and is dropped after that one evaluation (None).
+    """
 
     def evaluate(log_tolerance: float) -> tuple[SequentialDesign, float, float]:
         design = SequentialDesign(batch_size, math.exp(log_tolerance), shape, max_stages)
@@ -380,14 +388,16 @@ def _best_tolerance(
         return design, float(np.mean(np.abs(delta))), float(np.mean(fraction)) * n_rows
 
     low, high = math.log(1e-6), math.log(0.45)
+    kind = "worst" if sample is None else "average"
+    top = evaluate(high)
+    if top[2] >= rows_to_beat:
+        return None
+    if top[1] <= max_error:
+        return DesignChoice(top[0], kind, top[1], top[2], max_error)
     design, error, rows = evaluate(low)
     if error > max_error:
         return None
-    kind = "worst" if sample is None else "average"
     feasible = DesignChoice(design, kind, error, rows, max_error)
-    top = evaluate(high)
-    if top[1] <= max_error:
-        return DesignChoice(top[0], kind, top[1], top[2], max_error)
     for _ in range(BISECTIONS):
         middle = (low + high) / 2.0
         design, error, rows = evaluate(middle)
