@@ -213,9 +213,9 @@ class DesignChoice(NamedTuple):
     """The design :func:`design_test` chose, with what the dynamic programme predicts for it."""
 
     design: SequentialDesign
-    #: ``"worst"`` (bounds E(0), eq. 8) or ``"average"`` (bounds the mean |Delta|, eq. 7).
+    #: ``"worst"`` (bounds E(0), eq. 8) or ``"average"`` (bounds the mean ``|Delta|``, eq. 7).
     kind: str
-    #: The bounded error: E(0) for the worst case, the mean |Delta| for the average design.
+    #: The bounded error: E(0) for the worst case, the mean ``|Delta|`` for the average design.
     predicted_error: float
     #: Expected rows per test: at mu_std = 0 (worst case) or averaged over the sample and u.
     predicted_rows: float
