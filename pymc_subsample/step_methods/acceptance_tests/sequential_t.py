@@ -80,15 +80,24 @@ class SequentialTTest(AcceptanceTest):
         )
         #: The optimal design chosen and what the dynamic programme predicts for it.
         self.choice: DesignChoice | None = None
-        self.error_tolerance = (
-            self.requested
-            if isinstance(self.requested, float)
-            else self.design.error_tolerance
-            if self.design is not None
-            else DEFAULT_ERROR_TOLERANCE
-        )
+        #: The design's per-stage tolerances for the step's N, computed once per design and N
+        #: (not per draw: there are N / batch_size of them).
+        self._stage_tolerances: np.ndarray | None = None
         self._tuning_states: list[np.ndarray] = []
+        #: The step's own batch, which an average design's tuning runs with.
         self._tuning_batch = 0
+
+    @property
+    def error_tolerance(self) -> float:
+        """The first stage's epsilon: the one asked for, the design's, or 0.001 while tuning."""
+        if isinstance(self.requested, float):
+            return self.requested
+        return DEFAULT_ERROR_TOLERANCE if self.design is None else self.design.error_tolerance
+
+    @property
+    def _designs_from_tuning(self) -> bool:
+        request = self.requested
+        return isinstance(request, OptimalDesign) and request.kind == "average"
 
     def exact(self, step: SubsampleMH) -> bool:
         """Tolerance 0, or a first batch of all rows: exact MH, every row read by request."""
@@ -101,32 +110,33 @@ class SequentialTTest(AcceptanceTest):
         return FusedTest(fused_kernels.AUSTERITY, self._tolerances(step), None)
 
     def prepare(self, step: SubsampleMH) -> None:
-        """Take a fixed design's batch, or find the worst-case optimal design (eq. 8)."""
-        self._tuning_batch = step.batch_size
-        if self.design is not None and self.choice is None:
-            step.batch_size = self.design.batch_size
-        if isinstance(self.requested, OptimalDesign) and self.requested.kind == "worst":
+        """Take a fixed design, or find the worst-case optimal design (eq. 8), for this N."""
+        if self.design is None:  # the step's own batch (a design replaces it)
+            self._tuning_batch = step.batch_size
+        request = self.requested
+        if isinstance(request, OptimalDesign) and request.kind == "worst":
             self._adopt(step, self._design(step, None))
+        elif self.design is not None:  # a fixed design, or an average one before new data
+            self._use(step, self.design)
 
     def start_chain(self, step: SubsampleMH, tune: bool) -> None:
         """Forget an average design: each chain finds its own from its tuning (eq. 7)."""
-        if not isinstance(self.requested, OptimalDesign) or self.requested.kind != "average":
+        if not self._designs_from_tuning:
             return
         self._tuning_states = []
-        self.design, self.choice = None, None
-        self.error_tolerance = DEFAULT_ERROR_TOLERANCE
+        self.design, self.choice, self._stage_tolerances = None, None, None
         step.batch_size = self._tuning_batch
 
     def record_tuning_state(self, step: SubsampleMH, q: np.ndarray) -> None:
         """Keep the last ``n_proposals`` tuning points, where the design's proposals start."""
-        if isinstance(self.requested, OptimalDesign) and self.requested.kind == "average":
+        if self._designs_from_tuning:
+            assert isinstance(self.requested, OptimalDesign)
             self._tuning_states.append(q.copy())
             del self._tuning_states[: -self.requested.n_proposals]
 
     def stop_tuning(self, step: SubsampleMH) -> None:
         """Find the average design from the proposals of the last tuning points (eq. 7)."""
-        request = self.requested
-        if not isinstance(request, OptimalDesign) or request.kind != "average" or self.choice:
+        if not self._designs_from_tuning or self.choice:
             return
         if len(self._tuning_states) < 2:
             warn_user(
@@ -149,9 +159,9 @@ class SequentialTTest(AcceptanceTest):
         }
 
     def _tolerances(self, step: SubsampleMH) -> float | np.ndarray:
-        if self.design is None:
+        if self._stage_tolerances is None:
             return self.error_tolerance
-        return self.design.stage_tolerances(step.n_rows)
+        return self._stage_tolerances
 
     def _design(self, step: SubsampleMH, sample: ProposalSample | None) -> DesignChoice:
         request = self.requested
@@ -166,9 +176,12 @@ class SequentialTTest(AcceptanceTest):
 
     def _adopt(self, step: SubsampleMH, choice: DesignChoice) -> None:
         self.choice = choice
-        self.design = choice.design
-        self.error_tolerance = choice.design.error_tolerance
-        step.batch_size = choice.design.batch_size
+        self._use(step, choice.design)
+
+    def _use(self, step: SubsampleMH, design: SequentialDesign) -> None:
+        self.design = design
+        self._stage_tolerances = design.stage_tolerances(step.n_rows)
+        step.batch_size = design.batch_size
 
     def _proposal_sample(self, step: SubsampleMH) -> ProposalSample:
         """``(mu, sigma_l)`` of a proposal from each kept tuning point (section 5.2).
