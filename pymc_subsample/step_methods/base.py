@@ -669,9 +669,11 @@ class SubsampleMH(SubsampleStepBase):
         stats["energy_error"] = (
             -stats["delta_star"] if isinstance(self.proposal_part, HamiltonianPart) else math.nan
         )
-        if self._pending_rows:
-            stats["n_data"] += self._pending_rows
-            self._pending_rows = 0
+        # Rows read outside the draw (re-centring, a test's design) count in its cost, not in
+        # the test's own data use that the diagnostics judge.
+        test_rows = stats["n_data"]
+        stats["n_data"] += self._pending_rows
+        self._pending_rows = 0
         if control is None:
             stats["residual_kurtosis"] = stats["reference_distance"] = math.nan
         else:
@@ -685,7 +687,7 @@ class SubsampleMH(SubsampleStepBase):
         if self.tune:
             self.test.record_tuning_state(self, q)
         else:
-            self.diagnostics.record(stats["full_data"], stats["residual_kurtosis"], stats["n_data"])
+            self.diagnostics.record(stats["full_data"], stats["residual_kurtosis"], test_rows)
         return RaveledVars(q, q0.point_map_info), [stats]
 
     def _python_draw(self, q_old: np.ndarray) -> tuple[np.ndarray, dict[str, Any]]:
