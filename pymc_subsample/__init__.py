@@ -21,7 +21,13 @@ from pymc_subsample.kernels.test_design import (
 from pymc_subsample.kernels.user_proposal import ProposalFunction
 from pymc_subsample.plots import plot_data_usage
 from pymc_subsample.reference import ReferencePoint, find_reference_point
-from pymc_subsample.step_methods import SGFS, AusterityMH, MinibatchBarkerMH, PolynomialStepSize
+from pymc_subsample.step_methods import (
+    SGFS,
+    AusterityGibbs,
+    AusterityMH,
+    MinibatchBarkerMH,
+    PolynomialStepSize,
+)
 from pymc_subsample.step_methods.acceptance_tests import AcceptanceTest
 from pymc_subsample.step_methods.base import SubsampleMH
 from pymc_subsample.step_methods.proposal_parts import ProposalPart, register_proposal
@@ -32,6 +38,7 @@ __version__ = "0.1.0"
 __all__ = [
     "SGFS",
     "AcceptanceTest",
+    "AusterityGibbs",
     "AusterityMH",
     "DesignChoice",
     "MinibatchBarkerMH",

@@ -9,6 +9,12 @@ log-likelihood ratios, ``mu`` their mean over all N rows (eq. 3) and ``mu_0`` th
 Exact MH accepts iff ``mu > mu_0``. The sequential test estimates ``mu`` from growing batches
 drawn without replacement and stops as soon as a Student-t test on ``mu - mu_0`` is confident at
 level ``error_tolerance`` (the paper's epsilon). With all N rows it makes the exact decision.
+
+The same test decides a Gibbs update of a binary variable (supplementary F, eqs. 39-42) with
+Barker's rule in place of Metropolis's: ``x_i = 1`` iff ``Delta > logit(u)``, where ``Delta``
+is the log ratio of the joint densities at ``x_i = 1`` and ``x_i = 0``, so that ``x_i = 1``
+with the conditional probability ``sigmoid(Delta)`` (eq. 39). ``rule="barker"`` draws
+``logit(u)`` where Metropolis draws ``log u``; everything else is Algorithm 1.
 """
 
 from __future__ import annotations
@@ -22,10 +28,16 @@ from pymc_subsample.kernels.row_sampler import RowSampler
 from pymc_subsample.kernels.stages import LogRatioRows, StageStatistics, run_stages
 
 __all__ = [
+    "RULES",
     "AusterityDecision",
     "exact_mh_test",
     "sequential_mh_test",
 ]
+
+#: The acceptance rules: Metropolis's ``Delta > log u`` (accept with probability
+#: ``min(1, exp(Delta))``) and Barker's ``Delta > logit(u)`` (probability ``sigmoid(Delta)``, the
+#: Gibbs update of a binary variable, supplementary F).
+RULES = ("metropolis", "barker")
 
 #: Rows per call when a full-data pass is made in chunks (bounds memory, not cost).
 FULL_PASS_CHUNK = 65_536
@@ -54,6 +66,20 @@ def _log_uniform(rng: np.random.Generator) -> float:
     return math.log(u) if u > 0.0 else -math.inf
 
 
+def _logit_uniform(rng: np.random.Generator) -> float:
+    # logit(u) = log u - log(1 - u) for u ~ U(0, 1): a standard logistic draw (Barker's rule).
+    u = rng.uniform()
+    return math.log(u) - math.log1p(-u) if u > 0.0 else -math.inf
+
+
+def _rule_draw(rule: str, rng: np.random.Generator) -> float:
+    if rule == "metropolis":
+        return _log_uniform(rng)
+    if rule == "barker":
+        return _logit_uniform(rng)
+    raise ValueError(f"rule must be one of {RULES}, got {rule!r}.")
+
+
 def _threshold(log_u: float, log_prior_proposal_ratio: float, n_rows: int) -> float:
     # Korattikara 2014, eq. 2, with log_prior_proposal_ratio =
     # log rho(theta') + log q(theta|theta') - log rho(theta) - log q(theta'|theta).
@@ -68,6 +94,7 @@ def sequential_mh_test(
     error_tolerance: float | np.ndarray,
     batch_size: int,
     temperature: float = 1.0,
+    rule: str = "metropolis",
 ) -> AusterityDecision:
     """Run Algorithm 1 for one proposal.
 
@@ -96,6 +123,9 @@ def sequential_mh_test(
     temperature : float, default 1
         The likelihood is raised to ``1 / temperature``: the test compares ``mu / T`` with
         ``mu_0``, i.e. ``mu`` with ``T mu_0``.
+    rule : {"metropolis", "barker"}, default "metropolis"
+        The threshold's draw: ``log u`` (eq. 2), or ``logit(u)`` for a Gibbs update of a
+        binary variable (supplementary F, eq. 41 with ``mu_0 = logit(u) / N``).
 
     Returns
     -------
@@ -103,7 +133,7 @@ def sequential_mh_test(
         ``n_batches`` is the stage at which the decision was made.
 
     """
-    log_u = _log_uniform(rng)
+    log_u = _rule_draw(rule, rng)
     if not math.isfinite(log_prior_proposal_ratio):
         return AusterityDecision(False, 0, 0, False, True, -math.inf)
     n_rows = rows.n_rows
@@ -141,14 +171,15 @@ def exact_mh_test(
     n_rows: int,
     log_prior_proposal_ratio: float,
     temperature: float = 1.0,
+    rule: str = "metropolis",
 ) -> AusterityDecision:
     """Exact Metropolis-Hastings on all rows, in row order, drawing only ``u`` from ``rng``.
 
     This is the ``error_tolerance = 0`` limit of the sequential test (which can then never stop
     early): the same decision, without drawing rows, so that the random stream is the one of
-    plain MH.
+    plain MH. ``rule`` is as in :func:`sequential_mh_test` (``"barker"``: exact Gibbs).
     """
-    log_u = _log_uniform(rng)
+    log_u = _rule_draw(rule, rng)
     if not math.isfinite(log_prior_proposal_ratio):
         return AusterityDecision(False, 0, 0, False, True, -math.inf)
     total = 0.0

@@ -598,6 +598,7 @@ def build_oracles(
     compile_kwargs: dict[str, Any] | None = None,
     with_gradients: bool = False,
     proxy_order: int = 0,
+    discrete: bool = False,
 ) -> ModelOracles:
     """Read the model once and return its per-row and prior functions for ``vars``.
 
@@ -623,6 +624,10 @@ def build_oracles(
     proxy_order : {0, 1, 2}, default 0
         Order of the Taylor proxies of ``residual_ratio_rows`` (control variates), which
         implies ``with_gradients``.
+    discrete : bool, default False
+        Accept discrete variables in ``vars`` (a step whose moves keep them on their support:
+        the binary Gibbs step, a reversible-jump proposal). ``q`` then holds their values as
+        floats, cast back to the variables' dtypes inside the graphs; there are no gradients.
 
     Returns
     -------
@@ -638,7 +643,10 @@ def build_oracles(
     """
     if proxy_order not in (0, 1, 2):
         raise ValueError(f"proxy_order must be 0, 1 or 2, got {proxy_order!r}.")
-    check_continuous(model, vars)
+    if not discrete:
+        check_continuous(model, vars)
+    elif with_gradients or proxy_order > 0:
+        raise ValueError("Discrete variables have no gradients: with_gradients must be False.")
     key = (
         tuple(vars),
         tuple(model.basic_RVs),
@@ -672,7 +680,7 @@ def build_oracles(
         _data=DataTracker(functions.row_data, functions.data),
     )
     _self_check(oracles, functions.full_rows, q0)
-    if new:
+    if new and not discrete:
         warn_if_unidentified(functions.flat, oracles.score_rows, oracles.n_rows, q0)
     return oracles
 

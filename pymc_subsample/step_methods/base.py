@@ -108,6 +108,7 @@ class SubsampleStepBase(ArrayStepShared):
         blocked: bool,
         with_gradients: bool = False,
         proxy_order: int = 0,
+        discrete: bool = False,
     ) -> None:
         model = pm.modelcontext(model)
         vars = model.value_vars if vars is None else get_value_vars_from_user_vars(vars, model)
@@ -129,6 +130,7 @@ class SubsampleStepBase(ArrayStepShared):
             compile_kwargs=compile_kwargs,
             with_gradients=with_gradients,
             proxy_order=proxy_order,
+            discrete=discrete,
         )
         self._initial_point = initial_point
         #: Why the model has no mode in these variables (a centred hierarchy), or "".
