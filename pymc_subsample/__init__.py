@@ -27,6 +27,7 @@ from pymc_subsample.step_methods import (
     AusterityMH,
     MinibatchBarkerMH,
     PolynomialStepSize,
+    ReversibleJumpMH,
 )
 from pymc_subsample.step_methods.acceptance_tests import AcceptanceTest
 from pymc_subsample.step_methods.base import SubsampleMH
@@ -48,6 +49,7 @@ __all__ = [
     "ProposalPart",
     "ProposalSample",
     "ReferencePoint",
+    "ReversibleJumpMH",
     "SequentialDesign",
     "SubsampleMH",
     "SubsampleWarning",

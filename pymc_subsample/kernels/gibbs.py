@@ -1,14 +1,13 @@
 """Gibbs updates of binary variables decided by the sequential test.
 
 Korattikara et al. (2014), supplementary F. A Gibbs update of ``x_j`` sets ``x_j = 1`` with
-probability ``P(x_j = 1 | x_-j) =
-sigmoid(Delta_j)`` (eq. 39), where ``Delta_j = log P(x_j = 1, x_-j) - log P(x_j = 0, x_-j)``.
-When the joint density is a product of N terms, ``Delta_j`` is ``N mu`` (eq. 42, ``mu`` the mean
-of the terms' log ratios) plus the prior's log ratio, and the update is the decision
-``Delta_j > logit(u)`` (eq. 40-41): the sequential t-test of Algorithm 1 with Barker's rule
-(``kernels/austerity.py``, ``rule="barker"``) decides it from a subsample of the terms, with an
-error in the conditional probability bounded through ``error_tolerance`` (Theorem 4 bounds the
-stationary distribution's error by it).
+probability ``P(x_j = 1 | x_-j) = sigmoid(Delta_j)`` (eq. 39), where ``Delta_j = log P(x_j = 1,
+x_-j) - log P(x_j = 0, x_-j)``. When the joint density is a product of N terms, ``Delta_j`` is
+``N mu`` (eq. 42, ``mu`` the mean of the terms' log ratios) plus the prior's log ratio, and the
+update is the decision ``Delta_j > logit(u)`` (eq. 40-41): the sequential t-test of Algorithm 1
+with Barker's rule (``kernels/austerity.py``, ``rule="barker"``) decides it from a subsample of
+the terms, with an error in the conditional probability bounded through ``error_tolerance``
+(Theorem 4 bounds the stationary distribution's error by it).
 """
 
 from __future__ import annotations

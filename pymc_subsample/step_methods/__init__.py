@@ -3,6 +3,14 @@
 from pymc_subsample.step_methods.austerity import AusterityMH
 from pymc_subsample.step_methods.barker import MinibatchBarkerMH
 from pymc_subsample.step_methods.gibbs import AusterityGibbs
+from pymc_subsample.step_methods.reversible_jump import ReversibleJumpMH
 from pymc_subsample.step_methods.sgfs import SGFS, PolynomialStepSize
 
-__all__ = ["SGFS", "AusterityGibbs", "AusterityMH", "MinibatchBarkerMH", "PolynomialStepSize"]
+__all__ = [
+    "SGFS",
+    "AusterityGibbs",
+    "AusterityMH",
+    "MinibatchBarkerMH",
+    "PolynomialStepSize",
+    "ReversibleJumpMH",
+]

@@ -23,6 +23,7 @@ from pymc.step_methods.arraystep import ArrayStepShared
 from pymc.step_methods.compound import Competence, StepMethodState
 from pymc.step_methods.state import dataclass_state
 from pymc.util import RandomGenerator, get_random_generator, get_value_vars_from_user_vars
+from pymc.vartypes import discrete_types
 from pytensor.graph.basic import Variable
 from pytensor.tensor.variable import TensorVariable
 
@@ -301,6 +302,12 @@ class SubsampleMH(SubsampleStepBase):
                 "reference_point and recenter apply to control variates: pass "
                 "control_variate='taylor1' or 'taylor2' as well (or leave the default, 'auto')."
             )
+        #: The step's discrete variables: sampled only by a proposal function that keeps them
+        #: on their support (a reversible-jump proposal), without a control variate.
+        self.discrete_vars = _discrete_names(model, vars)
+        if self.discrete_vars:
+            _check_discrete_request(self.discrete_vars, requested_proposal, requested)
+            requested = None
         super().__init__(
             vars,
             batch_size=batch_size,
@@ -312,6 +319,7 @@ class SubsampleMH(SubsampleStepBase):
             with_gradients=requested_proposal in PROPOSAL_PARTS
             and PROPOSAL_PARTS[requested_proposal].needs_gradients,
             proxy_order=0 if requested == AUTO else CONTROL_VARIATES[requested],
+            discrete=bool(self.discrete_vars),
         )
         self.row_sampler = RowSampler(self.oracles.n_rows)  # 8 bytes per row, allocated once
         n_params = self.oracles.n_params
@@ -494,6 +502,7 @@ class SubsampleMH(SubsampleStepBase):
             self.oracles.n_rows,
             warn_fallback=not self.test.exact(self),
             control_variate=self.control is not None,
+            can_control=not self.discrete_vars,
         )
 
     def _resolve_control_variate(self, requested: str | None, reference_point: Any) -> str | None:
@@ -790,6 +799,30 @@ class SubsampleMH(SubsampleStepBase):
         # Not for a user's proposal, which may keep the chain on a set a Laplace draw leaves.
         self._start_near_reference = self.control is not None and self._user_proposal is None
         self.diagnostics.reset(self._chain_draws)
+
+
+def _discrete_names(model: pm.Model | None, vars: Sequence[TensorVariable] | None) -> list[str]:
+    """Names of the discrete value variables among ``vars`` (default: all the model's)."""
+    model = pm.modelcontext(model)
+    values = model.value_vars if vars is None else get_value_vars_from_user_vars(vars, model)
+    return [str(value.name) for value in values if value.dtype in discrete_types]
+
+
+def _check_discrete_request(names: list[str], proposal: str, control_variate: str | None) -> None:
+    """Refuse discrete variables unless a proposal function moves them, without control variate."""
+    if proposal != USER_PROPOSAL:
+        raise ValueError(
+            f"Discrete variables {names} cannot be moved by proposal={proposal!r}, which is "
+            "continuous. Pass only continuous variables in `vars` and let pm.sample assign "
+            "another step to the discrete ones (pms.AusterityGibbs for pm.Bernoulli, "
+            "pm.CategoricalGibbsMetropolis, pm.Metropolis), or use pms.ReversibleJumpMH for "
+            "variable selection, or give a proposal function that keeps them on their support."
+        )
+    if control_variate not in (AUTO, None):
+        raise ValueError(
+            f"control_variate={control_variate!r} needs gradients, and the step samples discrete "
+            f"variables {names}: pass control_variate=None."
+        )
 
 
 def _check_int(name: str, value: Any, *, minimum: int) -> int:

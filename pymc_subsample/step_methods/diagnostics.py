@@ -41,6 +41,7 @@ class ChainDiagnostics:
         *,
         warn_fallback: bool = True,
         control_variate: bool = False,
+        can_control: bool = True,
     ) -> None:
         self.batch_size = batch_size
         self.n_rows = n_rows
@@ -48,6 +49,8 @@ class ChainDiagnostics:
         self.warn_fallback = warn_fallback
         #: Whether the step already uses a control variate (the fallback advice depends on it).
         self.control_variate = control_variate
+        #: Whether a control variate could be turned on (not for discrete variables).
+        self.can_control = can_control
         self.reset(None)
 
     def reset(self, draws: int | None) -> None:
@@ -130,6 +133,8 @@ class ChainDiagnostics:
                 "(pm.sample(initvals=ref.initvals)), pass recenter='tune', or use "
                 "control_variate='taylor2' if it is 'taylor1'."
             )
+        if not self.can_control:
+            return "Raise the error_tolerance or batch_size, or shrink the proposal's moves."
         return (
             "At temperature 1 turn on control_variate='taylor2' (or 'taylor1'); otherwise "
             "raise the error_tolerance or batch_size, or shrink the proposal."
