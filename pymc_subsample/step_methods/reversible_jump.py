@@ -33,7 +33,7 @@ class ReversibleJumpMH(AusterityMH):
     sequential t-test on subsampled rows; ``mu_0`` holds the move's proposal ratio (eqs.
     36-38). Excluded coefficients stay in the trace, distributed as their prior in the model
     (a pseudo-prior): the posterior of ``gamma`` and of the included coefficients is the
-    reversible-jump one. ``docs/variable_selection.md`` says more.
+    reversible-jump one. ``docs/discrete.md`` says more.
 
     Parameters
     ----------
