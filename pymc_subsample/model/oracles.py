@@ -679,7 +679,13 @@ def build_oracles(
         proxy_order=proxy_order,
         _data=DataTracker(functions.row_data, functions.data),
     )
-    _self_check(oracles, functions.full_rows, q0)
+    continuous = np.concatenate(
+        [
+            np.full(int(np.size(initial_point[str(v.name)])), v.dtype not in discrete_types)
+            for v in vars
+        ]
+    )
+    _self_check(oracles, functions.full_rows, q0, continuous)
     if new and not discrete:
         warn_if_unidentified(functions.flat, oracles.score_rows, oracles.n_rows, q0)
     return oracles
@@ -969,7 +975,9 @@ def _prior_gradient(prior_q: TensorVariable, q: TensorVariable) -> TensorVariabl
     return cast(TensorVariable, pytensor.grad(prior_q, q, disconnected_inputs="ignore"))
 
 
-def _self_check(oracles: ModelOracles, full_fn: LazyFunction, q0: np.ndarray) -> None:
+def _self_check(
+    oracles: ModelOracles, full_fn: LazyFunction, q0: np.ndarray, continuous: np.ndarray
+) -> None:
     """Check the per-row function against the full model on a few rows, at a jittered point.
 
     The rows' function is the model's likelihood rebuilt on row subsets of the data
@@ -978,14 +986,15 @@ def _self_check(oracles: ModelOracles, full_fn: LazyFunction, q0: np.ndarray) ->
     One point suffices, jittered away from ``q0``, where a value such as 0 could hide a
     reduction over rows (``X - X.mean(0)`` times a zero coefficient). At ``q0`` itself every
     row must have a finite log-likelihood: checked range by range with the compiled per-row
-    function (no copy of the data).
+    function (no copy of the data). Only the ``continuous`` entries of ``q0`` are jittered: a
+    discrete value moved off its support is cast at different places by the two functions.
     """
     n_rows = oracles.n_rows
     check_rng = np.random.default_rng(_SELF_CHECK_SEED)
     sample = check_rng.choice(n_rows, size=min(n_rows, 6), replace=False)
     rows = np.unique(np.concatenate([[0, n_rows - 1], sample])).astype("int64")
     names = [str(rv.name) for rv in oracles.layout.row_rvs]
-    jittered = q0 + check_rng.normal(scale=0.3, size=q0.size)
+    jittered = q0 + continuous * check_rng.normal(scale=0.3, size=q0.size)
     try:
         subset, full = oracles.loglik_rows(jittered, rows), full_fn(jittered)[rows]
         bad = _nonfinite_rows(oracles, q0)
