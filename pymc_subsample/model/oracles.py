@@ -709,6 +709,14 @@ def _model_functions(
     [rows_q, full_q, prior_q], q = join_nonshared_inputs(
         initial_point, [graph.rows_logp, graph.full_logp, prior], vars, shared
     )
+    if q.dtype != "float64":
+        # Only discrete variables: PyMC joins them into an integer vector; the steps pass q as
+        # float64 (PyMC 5's compiled functions refuse it), so cast inside the graph instead.
+        q_float = pt.vector("q", dtype="float64")
+        [rows_q, full_q, prior_q] = clone_replace(
+            [rows_q, full_q, prior_q], replace={q: q_float.astype(q.dtype)}
+        )
+        q = q_float
     # dims models leave q's length symbolic, and PyTensor 2.x's rewrites of the Hessians stall.
     q_size = sum(int(np.size(initial_point[str(v.name)])) for v in vars)
     [rows_q, full_q, prior_q], q = with_static_length([rows_q, full_q, prior_q], q, q_size)
