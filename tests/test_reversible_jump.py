@@ -153,3 +153,31 @@ def test_refusals(selection) -> None:
         pm.Normal("y", X[:, :2] @ (gamma * beta), 1.0, observed=y)
         with pytest.raises(ValueError, match="without a transform"):
             pms.ReversibleJumpMH(gamma, beta)
+
+
+def test_move_stats_and_no_update_moves(selection) -> None:
+    """Stats name each move and the model size; with updates off only gamma's moves remain."""
+    X, y, _ = selection
+    with linear_selection_model(X, y):
+        step = pms.ReversibleJumpMH(
+            "gamma", "beta", move_probabilities=(0.0, 0.5, 0.5), error_tolerance=0.01
+        )
+        idata = pm.sample(
+            draws=300,
+            tune=50,
+            chains=1,
+            step=step,
+            progressbar=False,
+            random_seed=2,
+            compute_convergence_checks=False,
+        )
+    stats = idata.sample_stats
+    gamma = idata.posterior["gamma"].to_numpy()[0]
+    assert set(np.unique(stats["move"])) <= {1, 2}
+    np.testing.assert_array_equal(stats["n_included"].to_numpy()[0], gamma.sum(axis=1))
+    assert np.all(stats["scaling"] == 1.0)  # the moves ignore it: nothing is tuned
+    # Where a move changed the model, the size changed by one in its direction.
+    changed = np.flatnonzero(np.diff(gamma.sum(axis=1)) != 0) + 1
+    sizes = gamma.sum(axis=1)
+    expected = np.where(stats["move"].to_numpy()[0][changed] == 1, 1, -1)
+    np.testing.assert_array_equal(sizes[changed] - sizes[changed - 1], expected)

@@ -58,6 +58,19 @@ def test_fallback_advice_matches_the_configuration(control_variate):
     assert ("reference_distance" in message) is control_variate
 
 
+def test_no_control_variate_advice_where_none_can_apply():
+    # Discrete variables, or a default dropped because another step moves what the rows read:
+    # advising control_variate='taylor2' there sent users to a warning about the reference.
+    from pymc_subsample.step_methods.diagnostics import ChainDiagnostics
+
+    diagnostics = ChainDiagnostics(100, 1000, can_control=False)
+    diagnostics.reset(10)
+    with pytest.warns(pms.SubsampleWarning, match="No control variate applies") as record:
+        for _ in range(10):
+            diagnostics.record(True, float("nan"), 1000)
+    assert "turn on control_variate" not in str(record[0].message)
+
+
 def test_reading_most_rows_without_full_data_fallbacks_is_reported():
     # A sequential test that stops short of N on every draw but reads 60% of the rows on
     # average saves little; the fallback share alone (0% here) never said so.

@@ -72,7 +72,13 @@ class BirthDeathProposal:
         Sd of an update move's step (sigma_update).
     move_probabilities : tuple of float, default (1/3, 1/3, 1/3)
         Probabilities of update, birth and death; renormalised over the moves possible at
-        ``k`` (no birth at ``k = D``, no update or death at ``k = 0``).
+        ``k`` (no birth at ``k = D``, no update or death at ``k = 0``). The update's may be 0
+        (another step updates the coefficients); birth and death need positive ones.
+
+    Attributes
+    ----------
+    last_move : int
+        The index in :data:`MOVES` of the move last proposed (-1 before the first).
 
     Examples
     --------
@@ -103,17 +109,22 @@ class BirthDeathProposal:
         probabilities = np.asarray(move_probabilities, dtype=float)
         if (
             probabilities.shape != (3,)
-            or np.any(probabilities <= 0)
             or not np.all(np.isfinite(probabilities))
+            or probabilities[0] < 0
+            or np.any(probabilities[1:] <= 0)
         ):
             raise ValueError(
-                "move_probabilities must be three positive numbers (update, birth, death), "
-                f"got {move_probabilities!r}."
+                "move_probabilities must be three numbers (update, birth, death): birth and "
+                f"death positive, update positive or 0; got {move_probabilities!r}."
             )
         self.pseudo_prior = pseudo_prior
         self.birth_sd = float(birth_sd)
         self.update_sd = float(update_sd)
         self.move_probabilities = probabilities / probabilities.sum()
+        self.last_move = -1
+
+    #: The moves ignore the step's ``scaling``: the step tunes nothing (``kernels/user_proposal``).
+    uses_scaling = False
 
     def __call__(
         self, rng: np.random.Generator, q: np.ndarray, scaling: float
@@ -153,6 +164,7 @@ class BirthDeathProposal:
     def _choose(self, rng: np.random.Generator, k: int) -> MoveChoice:
         probabilities = self._probabilities(k)
         index = int(rng.choice(3, p=probabilities))
+        self.last_move = index
         move = MOVES[index]
         if move == "update":
             return MoveChoice(move, 0.0, 0.0)

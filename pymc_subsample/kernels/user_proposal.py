@@ -26,7 +26,8 @@ class ProposalFunction(Protocol):
     as PyMC samples them) raveled in C order and concatenated in the step's ``vars`` order.
     ``log_ratio`` is ``log q(q | q_new) - log q(q_new | q)``: 0 for a symmetric proposal.
     ``scaling`` is the step's scale, tuned during tuning to the acceptance rate as for the
-    random walk; a proposal may ignore it.
+    random walk; a proposal may ignore it, and says so with an attribute ``uses_scaling =
+    False`` (the step then leaves ``scaling`` at 1 and tunes nothing).
     """
 
     def __call__(

@@ -62,7 +62,7 @@ from pymc_subsample.step_methods.proposal_parts import (
     proposal_names,
 )
 from pymc_subsample.step_methods.proposal_parts.hamiltonian import HamiltonianPart
-from pymc_subsample.step_methods.proposal_parts.user import USER_PROPOSAL, UserPart
+from pymc_subsample.step_methods.proposal_parts.user import USER_PROPOSAL, user_part
 from pymc_subsample.step_methods.warning_relay import (
     WARNING_STAT,
     relay_if_worker,
@@ -502,7 +502,7 @@ class SubsampleMH(SubsampleStepBase):
             self.oracles.n_rows,
             warn_fallback=not self.test.exact(self),
             control_variate=self.control is not None,
-            can_control=not self.discrete_vars,
+            can_control=not self.discrete_vars and not self.dropped_default,
         )
 
     def _resolve_control_variate(self, requested: str | None, reference_point: Any) -> str | None:
@@ -644,7 +644,7 @@ class SubsampleMH(SubsampleStepBase):
     def _make_part(self, proposal_cov: ArrayLike | None) -> ProposalPart:
         """Return the part of ``proposal_kind`` (the user's function's, for a function)."""
         if self._user_proposal is not None:
-            return UserPart(self._user_proposal)
+            return user_part(self._user_proposal)
         return PROPOSAL_PARTS[self.proposal_kind](proposal_cov)
 
     def _reshape_proposal(self, proposal_cov: ArrayLike | None) -> None:

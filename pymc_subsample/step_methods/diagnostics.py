@@ -49,7 +49,8 @@ class ChainDiagnostics:
         self.warn_fallback = warn_fallback
         #: Whether the step already uses a control variate (the fallback advice depends on it).
         self.control_variate = control_variate
-        #: Whether a control variate could be turned on (not for discrete variables).
+        #: Whether a control variate could be turned on (not for discrete variables, nor where
+        #: the default one was dropped for a reason the user cannot change by asking for it).
         self.can_control = can_control
         self.reset(None)
 
@@ -134,7 +135,11 @@ class ChainDiagnostics:
                 "control_variate='taylor2' if it is 'taylor1'."
             )
         if not self.can_control:
-            return "Raise the error_tolerance or batch_size, or shrink the proposal's moves."
+            return (
+                "No control variate applies to this step. Shrinking the proposal's moves or "
+                "raising batch_size can help; a larger error_tolerance reads fewer rows but "
+                "lets more wrong decisions through (check against error_tolerance=0)."
+            )
         return (
             "At temperature 1 turn on control_variate='taylor2' (or 'taylor1'); otherwise "
             "raise the error_tolerance or batch_size, or shrink the proposal."

@@ -6,17 +6,19 @@ Birth, death and update moves (Korattikara et al. 2014, section 6.3 and suppleme
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pymc as pm
 import pytensor
+from pymc.blocking import RaveledVars
 from pytensor.graph.traversal import graph_inputs
 from pytensor.tensor.random.basic import BernoulliRV
 from pytensor.tensor.random.op import RandomVariable
 from pytensor.tensor.variable import TensorVariable
 
 from pymc_subsample.kernels.reversible_jump import BirthDeathProposal, PseudoPrior
+from pymc_subsample.step_methods.acceptance_tests import StatSpec
 from pymc_subsample.step_methods.austerity import AusterityMH
 
 __all__ = ["ReversibleJumpMH"]
@@ -47,10 +49,17 @@ class ReversibleJumpMH(AusterityMH):
     update_sd : float, default 0.01
         Sd of an update move (sigma_update); about the coefficients' posterior sd.
     move_probabilities : tuple of float, default (1/3, 1/3, 1/3)
-        Probabilities of update, birth and death moves.
+        Probabilities of update, birth and death moves. The update's may be 0, where another
+        step (``pms.AusterityMH([beta])``) updates the coefficients.
     **settings
         :class:`AusterityMH`'s settings (``error_tolerance``, ``batch_size``, ``obs_dim``,
         ``model``, ``rng``, ...); not its proposal or control variate.
+
+    Notes
+    -----
+    Sample statistics: :class:`AusterityMH`'s (``accepted``, ``n_data``, ...), plus ``move``
+    (the move proposed: 0 update, 1 birth, 2 death) and ``n_included`` (the model size ``k``
+    after the draw). The moves ignore ``scaling``, which is not tuned.
 
     Examples
     --------
@@ -70,6 +79,11 @@ class ReversibleJumpMH(AusterityMH):
     """
 
     name = "reversible_jump_mh"
+    stats_dtypes_shapes: ClassVar[dict[str, StatSpec]] = {
+        **AusterityMH.stats_dtypes_shapes,
+        "move": (np.int64, []),
+        "n_included": (np.int64, []),
+    }
 
     def __init__(
         self,
@@ -100,6 +114,13 @@ class ReversibleJumpMH(AusterityMH):
             control_variate=None,
             **settings,
         )
+
+    def astep(self, q0: RaveledVars) -> tuple[RaveledVars, list[dict[str, Any]]]:
+        """One move; its stats add ``move`` (0 update, 1 birth, 2 death) and ``n_included``."""
+        moved, stats = super().astep(q0)
+        stats[0]["move"] = self.moves.last_move
+        stats[0]["n_included"] = int(np.count_nonzero(moved.data[: self.moves.n_features]))
+        return moved, stats
 
     def _current_value(self, name: str) -> np.ndarray:
         """Return the current value of a variable another step samples (initial at set-up)."""

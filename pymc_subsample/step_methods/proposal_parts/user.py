@@ -10,7 +10,7 @@ from pymc_subsample.step_methods.proposal_parts import ProposalPart
 if TYPE_CHECKING:
     from pymc_subsample.step_methods.base import SubsampleMH
 
-__all__ = ["USER_PROPOSAL", "UserPart"]
+__all__ = ["USER_PROPOSAL", "UntunedUserPart", "UserPart", "user_part"]
 
 #: ``proposal_kind`` of a step given a proposal function (``kernels/user_proposal.py``).
 USER_PROPOSAL = "user"
@@ -39,3 +39,16 @@ class UserPart(ProposalPart):
     def build_kernel(self, step: SubsampleMH) -> UserProposal:
         """Return the wrapped function."""
         return self.kernel
+
+
+class UntunedUserPart(UserPart):
+    """A function that ignores ``scaling`` (``uses_scaling = False``): nothing is tuned."""
+
+    scaling_rule = "none"
+
+
+def user_part(kernel: UserProposal) -> UserPart:
+    """Wrap the user's function; untuned where it declares ``uses_scaling = False``."""
+    if getattr(kernel.function, "uses_scaling", True) is False:
+        return UntunedUserPart(kernel)
+    return UserPart(kernel)
