@@ -502,7 +502,8 @@ class SubsampleMH(SubsampleStepBase):
             self.oracles.n_rows,
             warn_fallback=not self.test.exact(self),
             control_variate=self.control is not None,
-            can_control=not self.discrete_vars and not self.dropped_default,
+            can_control=not self.discrete_vars
+            and not control_variate_obstacle(self.oracles, self.temperature),
         )
 
     def _resolve_control_variate(self, requested: str | None, reference_point: Any) -> str | None:

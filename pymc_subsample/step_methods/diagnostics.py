@@ -49,8 +49,8 @@ class ChainDiagnostics:
         self.warn_fallback = warn_fallback
         #: Whether the step already uses a control variate (the fallback advice depends on it).
         self.control_variate = control_variate
-        #: Whether a control variate could be turned on (not for discrete variables, nor where
-        #: the default one was dropped for a reason the user cannot change by asking for it).
+        #: Whether a control variate could be turned on: not for discrete variables, nor where
+        #: the rows read variables another step samples (``defaults.control_variate_obstacle``).
         self.can_control = can_control
         self.reset(None)
 
