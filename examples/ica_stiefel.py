@@ -43,7 +43,8 @@ one reference point. With this proposal give ``reference_point={"W": ...}`` on t
 and in the copy of the mode the chain samples (for example the mean of an exact run, made
 orthogonal by its polar decomposition): around another copy, with the same likelihood but far
 from the chain, the residuals the test reads are large and heavy-tailed, and its decisions go
-wrong (``docs/gallery/ica_stiefel.md`` measures both).
+wrong (``docs/gallery/ica_stiefel.md`` measures both); the step warns after tuning that the
+chain is far from its reference point.
 
     python examples/ica_stiefel.py
 """

@@ -177,3 +177,26 @@ def test_a_wrong_log_ratio_fails_the_check_above(two_sources):
     data, exact = two_sources
     scores = z_scores(data, exact, wrong_ratio)
     assert max(abs(z) for z in scores.values()) > 8.0
+
+
+@pytest.mark.parametrize("copy", ["chain's", "another"])
+def test_a_reference_on_another_copy_of_the_mode_is_warned(two_sources, copy):
+    # A reference point a quarter turn away (rows swapped, one sign flipped: the same
+    # likelihood) is hundreds of sds from the chain: the expansion fails there, and the
+    # far-from-reference warning, 10 times the Gaussian limit with a proposal function, says so.
+    data, _ = two_sources
+    u, _, vt = np.linalg.svd(data.unmixing)
+    centre = u @ vt
+    reference = centre if copy == "chain's" else np.array([[0.0, 1.0], [-1.0, 0.0]]) @ centre
+    with ica.ica_model(data.x, initval=centre), warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        step = pms.AusterityMH(
+            proposal=ica.orthogonal_walk,
+            scaling=2.38 / np.sqrt(N_ROWS),
+            error_tolerance=0.05,
+            control_variate="taylor2",
+            reference_point={"W": reference},
+        )
+        pm.sample(step=step, tune=200, draws=300, chains=1, random_seed=1, **SAMPLE)
+    far = [w for w in record if "squared Mahalanobis distance" in str(w.message)]
+    assert bool(far) is (copy == "another")

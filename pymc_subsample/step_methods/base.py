@@ -72,6 +72,10 @@ from pymc_subsample.warnings import warn_user
 
 __all__ = ["STEP_STATS", "SubsampleMH", "SubsampleMHState", "SubsampleStepBase"]
 
+#: With a proposal function, the far-from-reference warning's distance limit is this many times
+#: the Gaussian one (``SubsampleMH._far_limit``).
+USER_PROPOSAL_FAR_FACTOR = 10.0
+
 
 @dataclass_state
 class SubsampleMHState(StepMethodState):
@@ -458,18 +462,20 @@ class SubsampleMH(SubsampleStepBase):
             and self.oracles.expansion == "unconstrained"
         )
 
-    @property
-    def _gaussian_posterior(self) -> bool:
-        """Whether the far-from-reference warning's Gaussian limit describes the posterior.
+    def _far_limit(self, limit: float) -> float | None:
+        """Return the squared distance from the reference beyond which to warn (None: never).
 
-        Not where the automatic search measured the posterior far from its Laplace
-        approximation (``laplace_spread`` above ``INDEPENDENT_SPREAD``): there the chain rightly
-        goes beyond the limit, as on a skewed posterior. A reference point the user gave was
-        not measured (NaN): the warning stays. Nor with a proposal function, which may keep the
-        chain on a set (a manifold) that the Laplace approximation in the unconstrained space
-        does not describe.
+        The Gaussian limit where the Laplace approximation describes the posterior; with a
+        proposal function, which may keep the chain on a set (a manifold) that approximation
+        does not describe, ``USER_PROPOSAL_FAR_FACTOR`` times farther: a reference point on
+        another copy of the mode than the chain's (``examples/ica_stiefel.py``) is hundreds of
+        sds away. None where the search measured the posterior skewed.
         """
-        return not self.laplace_spread > INDEPENDENT_SPREAD and self._user_proposal is None
+        if self.laplace_spread > INDEPENDENT_SPREAD:
+            return None
+        if self._user_proposal is not None:
+            return USER_PROPOSAL_FAR_FACTOR**2 * limit
+        return limit
 
     def _rebuild_for_data(self) -> None:
         # New data (pm.set_data): new N for the row sampler and the diagnostics, and new
@@ -694,8 +700,9 @@ class SubsampleMH(SubsampleStepBase):
             stats["reference_distance"] = math.sqrt(distance_sq)
             if self.tune and self.recenter:
                 self._record_tuning_draw(q)
-            if not self.tune and distance_sq > control.limit and self._gaussian_posterior:
-                self.diagnostics.warn_far(distance_sq, control.limit)
+            far = self._far_limit(control.limit)
+            if not self.tune and far is not None and distance_sq > far:
+                self.diagnostics.warn_far(distance_sq, far)
         if self.tune:
             self.test.record_tuning_state(self, q)
         else:
