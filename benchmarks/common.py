@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import platform
 import resource
 import subprocess
@@ -164,3 +165,55 @@ def run_limited(
         )
     except subprocess.TimeoutExpired:
         return None
+
+
+#: Trace length allocated per chain by :func:`timed_chain`; a chain stops at its budget first.
+MAX_DRAWS = 300_000
+
+
+def timed_chain(
+    model: pm.Model,
+    step: Any,
+    initvals: dict[str, np.ndarray],
+    seconds: float,
+    seed: int,
+    tune: int = 0,
+) -> tuple[Any, np.ndarray, bool]:
+    """Run one chain until ``seconds`` of wall time after tuning; return (idata, stamps, done).
+
+    ``stamps[k]`` is the wall time of draw k after the end of tuning (after the start of the
+    ``pm.sample`` call without tuning). ``done`` says whether the budget, not ``MAX_DRAWS``,
+    ended it.
+    """
+    stamps: list[float] = []
+    tuning_end = [0.0]  # wall time of the last tuning draw
+
+    def stop_at_budget(trace: Any, draw: Any) -> None:
+        now = time.perf_counter() - begin
+        if draw.tuning:
+            tuning_end[0] = now
+            return
+        stamps.append(now - tuning_end[0])
+        if stamps[-1] >= seconds:
+            raise KeyboardInterrupt  # PyMC's documented way for a callback to stop sampling
+
+    with model:
+        begin = time.perf_counter()
+        idata = pm.sample(
+            step=step,
+            tune=tune,
+            draws=MAX_DRAWS,
+            chains=1,
+            cores=1,
+            initvals=initvals,
+            random_seed=seed,
+            callback=stop_at_budget,
+            progressbar=False,
+            compute_convergence_checks=False,
+        )
+    return idata, np.array(stamps), stamps[-1] >= seconds
+
+
+def listed(values: np.ndarray) -> list[float | None]:
+    """A JSON list: None where no chain had made a draw yet (NaN)."""
+    return [None if math.isnan(v) else float(v) for v in values]

@@ -62,8 +62,7 @@ from typing import Any
 
 import arviz as az
 import numpy as np
-import pymc as pm
-from common import write_json
+from common import listed, timed_chain, write_json
 
 import pymc_subsample as pms
 
@@ -71,7 +70,6 @@ sys.path.insert(0, str(Path(__file__).parents[1] / "examples"))
 import ica_stiefel as ica
 
 BATCH_SIZE = 600  # the paper's m for this experiment (section 6.5)
-MAX_DRAWS = 300_000  # trace length allocated per chain; a chain stops at its time budget first
 PAPER = {
     "rows": 1_950_000,
     "sources": "4: a music recording, street noise, 2 Gaussian",
@@ -85,48 +83,6 @@ PAPER = {
 }
 
 
-def timed_chain(
-    model: pm.Model,
-    step: Any,
-    start: np.ndarray,
-    seconds: float,
-    seed: int,
-    tune: int = 0,
-) -> tuple[Any, np.ndarray, bool]:
-    """Run one chain until ``seconds`` of wall time after tuning; return (idata, stamps, done).
-
-    ``stamps[k]`` is the wall time of draw k after the start of the ``pm.sample`` call.
-    ``done`` says whether the budget, not ``MAX_DRAWS``, ended it.
-    """
-    stamps: list[float] = []
-    tuning_end = [0.0]  # wall time of the last tuning draw
-
-    def stop_at_budget(trace: Any, draw: Any) -> None:
-        now = time.perf_counter() - begin
-        if draw.tuning:
-            tuning_end[0] = now
-            return
-        stamps.append(now - tuning_end[0])
-        if stamps[-1] >= seconds:
-            raise KeyboardInterrupt  # PyMC's documented way for a callback to stop sampling
-
-    with model:
-        begin = time.perf_counter()
-        idata = pm.sample(
-            step=step,
-            tune=tune,
-            draws=MAX_DRAWS,
-            chains=1,
-            cores=1,
-            initvals={"W": start},
-            random_seed=seed,
-            callback=stop_at_budget,
-            progressbar=False,
-            compute_convergence_checks=False,
-        )
-    return idata, np.array(stamps), stamps[-1] >= seconds
-
-
 def chain_summary(idata: Any, unmixing: np.ndarray) -> dict[str, Any]:
     W = idata.posterior["W"].values[0]
     stats = idata.sample_stats
@@ -138,11 +94,6 @@ def chain_summary(idata: Any, unmixing: np.ndarray) -> dict[str, Any]:
         "full_data_share": float(stats["full_data"].values.mean()),
         "orthonormality_error": ica.orthonormality_error(W),
     }
-
-
-def listed(values: np.ndarray) -> list[float | None]:
-    """A JSON list: None where no chain had made a draw yet (NaN)."""
-    return [None if math.isnan(v) else float(v) for v in values]
 
 
 def nearest_orthogonal(matrix: np.ndarray) -> np.ndarray:
@@ -182,7 +133,7 @@ def main() -> None:
             tune_interval=50,
         )
     idata, stamps, _ = timed_chain(
-        model, exact_step, start, args.reference_seconds, seed=0, tune=args.reference_tune
+        model, exact_step, {"W": start}, args.reference_seconds, seed=0, tune=args.reference_tune
     )
     reference = chain_summary(idata, data.unmixing)
     scaling = float(idata.sample_stats["scaling"].values[0, -1])
@@ -227,7 +178,7 @@ def main() -> None:
         chains = []
         for c in range(args.chains):
             idata, stamps, done = timed_chain(
-                model, step, starts[c], args.seconds, seed=1000 * (k + 1) + c
+                model, step, {"W": starts[c]}, args.seconds, seed=1000 * (k + 1) + c
             )
             summary = chain_summary(idata, data.unmixing)
             running = np.cumsum(summary["amari"]) / np.arange(1, stamps.size + 1)

@@ -74,8 +74,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pymc as pm
-from common import write_json
+from common import listed, timed_chain, write_json
 from scipy.special import expit
 
 import pymc_subsample as pms
@@ -84,7 +83,6 @@ sys.path.insert(0, str(Path(__file__).parents[1] / "examples"))
 import variable_selection as vs
 
 BATCH_SIZE = 500  # the paper's m for experiments 6.1 to 6.4 (its section 5.2)
-MAX_DRAWS = 300_000  # trace length allocated per chain; a chain stops at its time budget first
 TEST_SHARE = 0.2
 PAPER = {
     "data": "MiniBooNE: 130,065 rows (28% positive), 50 features and a constant, 80/20 split",
@@ -102,38 +100,6 @@ PAPER = {
     "birth/death acceptance falls from about 20% to about 2% once a good model is found, "
     "update acceptance about 50%",
 }
-
-
-def timed_chain(
-    model: pm.Model, step: Any, start: dict[str, np.ndarray], seconds: float, seed: int
-) -> tuple[Any, np.ndarray, bool]:
-    """Run one chain for ``seconds`` of wall time; return (idata, stamps, done).
-
-    ``stamps[k]`` is the wall time of draw k after the start of the ``pm.sample`` call.
-    ``done`` says whether the budget, not ``MAX_DRAWS``, ended it.
-    """
-    stamps: list[float] = []
-
-    def stop_at_budget(trace: Any, draw: Any) -> None:
-        stamps.append(time.perf_counter() - begin)
-        if stamps[-1] >= seconds:
-            raise KeyboardInterrupt  # PyMC's documented way for a callback to stop sampling
-
-    with model:
-        begin = time.perf_counter()
-        idata = pm.sample(
-            step=step,
-            tune=0,
-            draws=MAX_DRAWS,
-            chains=1,
-            cores=1,
-            initvals=start,
-            random_seed=seed,
-            callback=stop_at_budget,
-            progressbar=False,
-            compute_convergence_checks=False,
-        )
-    return idata, np.array(stamps), stamps[-1] >= seconds
 
 
 def predictive_sums(
@@ -173,11 +139,6 @@ def move_acceptance(
         name: (float(m / p) if p > 0 else None)
         for name, m, p in zip(("update", "birth", "death"), made, proposed, strict=True)
     }
-
-
-def listed(values: np.ndarray) -> list[float | None]:
-    """A JSON list: None where no chain had made a draw yet (NaN)."""
-    return [None if math.isnan(v) else float(v) for v in values]
 
 
 def main() -> None:
