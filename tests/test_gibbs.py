@@ -27,6 +27,8 @@ import pymc_subsample.kernels.gibbs as gibbs_kernel
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 from boltzmann_gibbs import boltzmann_model, exact_distribution, make_patterns
 
+#: pm.sample options of every run here.
+QUIET = {"progressbar": False, "compute_convergence_checks": False}
 N_PATTERNS = 3_000
 N_UNITS = 8
 DRAWS = 3_000
@@ -59,9 +61,8 @@ def _sample(model: pm.Model, seed: int, **settings: object) -> az.InferenceData:
             tune=0,
             chains=1,
             step=pms.AusterityGibbs(**settings),
-            progressbar=False,
+            **QUIET,
             random_seed=seed,
-            compute_convergence_checks=False,
         )
 
 
@@ -136,9 +137,8 @@ def test_impossible_value_is_never_taken() -> None:
             tune=0,
             chains=1,
             step=pms.AusterityGibbs(batch_size=50),
-            progressbar=False,
+            **QUIET,
             random_seed=0,
-            compute_convergence_checks=False,
         )
     assert np.all(idata.posterior["z"].to_numpy() == 1)
     assert np.all(idata.sample_stats["n_nonfinite"] == 1)
@@ -156,8 +156,7 @@ def test_a_sum_of_binary_entries_passes_the_self_check() -> None:
             tune=0,
             chains=1,
             step=pms.AusterityGibbs(),
-            progressbar=False,
+            **QUIET,
             random_seed=0,
-            compute_convergence_checks=False,
         )
     assert np.all(idata.posterior["x"].to_numpy().sum(axis=-1)[:, 5:] == 1)

@@ -31,6 +31,8 @@ from variable_selection import (
 )
 
 TRUTH = np.array([0.4, 0.0, -0.3, 0.0, 0.0, 0.04])
+#: pm.sample options of every run here.
+QUIET = {"progressbar": False, "compute_convergence_checks": False}
 N_ROWS = 5_000
 DRAWS = 20_000
 
@@ -57,9 +59,8 @@ def _sample(X: np.ndarray, y: np.ndarray, seed: int, **settings: object) -> az.I
             tune=0,
             chains=1,
             step=step,
-            progressbar=False,
+            **QUIET,
             random_seed=seed,
-            compute_convergence_checks=False,
         )
 
 
@@ -123,9 +124,8 @@ def test_lasso_logistic_with_a_sampled_shrinkage_runs_in_a_compound_step() -> No
             chains=2,
             cores=1,
             step=steps,
-            progressbar=False,
+            **QUIET,
             random_seed=3,
-            compute_convergence_checks=False,
         )
     assert idata.posterior["gamma"].dtype.kind == "i"
     assert np.all(np.isin(idata.posterior["gamma"].to_numpy(), [0, 1]))
@@ -167,9 +167,8 @@ def test_move_stats_and_no_update_moves(selection) -> None:
             tune=50,
             chains=1,
             step=step,
-            progressbar=False,
+            **QUIET,
             random_seed=2,
-            compute_convergence_checks=False,
         )
     stats = idata.sample_stats
     gamma = idata.posterior["gamma"].to_numpy()[0]

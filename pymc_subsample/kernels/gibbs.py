@@ -13,6 +13,7 @@ the terms, with an error in the conditional probability bounded through ``error_
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import NamedTuple
 
 import numpy as np
@@ -88,12 +89,7 @@ def binary_gibbs_sweep(
         q_one[position] = 1.0
         q_zero = q_new.copy()
         q_zero[position] = 0.0
-
-        def log_ratio_rows(
-            idx: np.ndarray, one: np.ndarray = q_one, zero: np.ndarray = q_zero
-        ) -> np.ndarray:
-            return row_ratios(one, zero, idx)
-
+        log_ratio_rows = partial(row_ratios, q_one, q_zero)
         log_prior_ratio = float(prior_ratio(q_one, q_zero))
         if error_tolerance == 0.0:
             decision = exact_mh_test(

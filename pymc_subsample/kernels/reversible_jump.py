@@ -47,6 +47,11 @@ class PseudoPrior(NamedTuple):
 
 #: The moves, in the order of ``move_probabilities``.
 MOVES = ("update", "birth", "death")
+#: Default sds of a born coefficient and of an update move: the paper's sigma_birth and
+#: sigma_update (supplementary E), and the default move probabilities.
+BIRTH_SD = 0.1
+UPDATE_SD = 0.01
+MOVE_PROBABILITIES = (1 / 3, 1 / 3, 1 / 3)
 
 
 class MoveChoice(NamedTuple):
@@ -96,9 +101,9 @@ class BirthDeathProposal:
         self,
         n_features: int,
         pseudo_prior: PseudoPrior,
-        birth_sd: float = 0.1,
-        update_sd: float = 0.01,
-        move_probabilities: tuple[float, float, float] = (1 / 3, 1 / 3, 1 / 3),
+        birth_sd: float = BIRTH_SD,
+        update_sd: float = UPDATE_SD,
+        move_probabilities: tuple[float, float, float] = MOVE_PROBABILITIES,
     ) -> None:
         self.n_features = int(n_features)
         if self.n_features < 1:

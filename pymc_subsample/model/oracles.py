@@ -57,6 +57,7 @@ __all__ = [
     "SearchSums",
     "build_oracles",
     "check_continuous",
+    "discrete_names",
     "row_chunks",
 ]
 
@@ -571,9 +572,14 @@ def _shared_data(graphs: Sequence[Variable], exclude: set[Variable]) -> tuple[Sh
     )
 
 
+def discrete_names(vars: Sequence[TensorVariable]) -> list[str]:
+    """Return the names of the discrete value variables among ``vars``."""
+    return [str(v.name) for v in vars if v.dtype in discrete_types]
+
+
 def check_continuous(model: Model, vars: Sequence[TensorVariable]) -> None:
     """Refuse discrete value variables: the random-walk proposals are continuous."""
-    discrete = [v.name for v in vars if v.dtype in discrete_types]
+    discrete = discrete_names(vars)
     if discrete:
         raise ValueError(
             f"Discrete variables {discrete} cannot be sampled by a pymc_subsample step. "

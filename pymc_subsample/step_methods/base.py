@@ -23,13 +23,12 @@ from pymc.step_methods.arraystep import ArrayStepShared
 from pymc.step_methods.compound import Competence, StepMethodState
 from pymc.step_methods.state import dataclass_state
 from pymc.util import RandomGenerator, get_random_generator, get_value_vars_from_user_vars
-from pymc.vartypes import discrete_types
 from pytensor.graph.basic import Variable
 from pytensor.tensor.variable import TensorVariable
 
 from pymc_subsample.kernels.row_sampler import RowSampler
 from pymc_subsample.kernels.user_proposal import ProposalFunction, UserProposal
-from pymc_subsample.model.oracles import ModelOracles, build_oracles
+from pymc_subsample.model.oracles import ModelOracles, build_oracles, discrete_names
 from pymc_subsample.reference import Optimum, automatic_reference, funnel_explanation
 from pymc_subsample.step_methods.acceptance_tests import (
     AcceptanceTest,
@@ -116,7 +115,7 @@ class SubsampleStepBase(ArrayStepShared):
         discrete: bool = False,
     ) -> None:
         model = pm.modelcontext(model)
-        vars = model.value_vars if vars is None else get_value_vars_from_user_vars(vars, model)
+        vars = _step_value_vars(model, vars)
         # None: the subclass chooses once it knows whether a control variate applies.
         self.batch_size = (
             0 if batch_size is None else _check_int("batch_size", batch_size, minimum=2)
@@ -308,7 +307,7 @@ class SubsampleMH(SubsampleStepBase):
             )
         #: The step's discrete variables: sampled only by a proposal function that keeps them
         #: on their support (a reversible-jump proposal), without a control variate.
-        self.discrete_vars = _discrete_names(model, vars)
+        self.discrete_vars = discrete_names(_step_value_vars(model, vars))
         if self.discrete_vars:
             _check_discrete_request(self.discrete_vars, requested_proposal, requested)
             requested = None
@@ -809,11 +808,12 @@ class SubsampleMH(SubsampleStepBase):
         self.diagnostics.reset(self._chain_draws)
 
 
-def _discrete_names(model: pm.Model | None, vars: Sequence[TensorVariable] | None) -> list[str]:
-    """Names of the discrete value variables among ``vars`` (default: all the model's)."""
+def _step_value_vars(
+    model: pm.Model | None, vars: Sequence[TensorVariable] | None
+) -> list[TensorVariable]:
+    """Return the value variables a step samples: ``vars``, else all the model's."""
     model = pm.modelcontext(model)
-    values = model.value_vars if vars is None else get_value_vars_from_user_vars(vars, model)
-    return [str(value.name) for value in values if value.dtype in discrete_types]
+    return list(model.value_vars if vars is None else get_value_vars_from_user_vars(vars, model))
 
 
 def _check_discrete_request(names: list[str], proposal: str, control_variate: str | None) -> None:

@@ -12,12 +12,19 @@ import numpy as np
 import pymc as pm
 import pytensor
 from pymc.blocking import RaveledVars
+from pymc.vartypes import discrete_types
 from pytensor.graph.traversal import graph_inputs
 from pytensor.tensor.random.basic import BernoulliRV
 from pytensor.tensor.random.op import RandomVariable
 from pytensor.tensor.variable import TensorVariable
 
-from pymc_subsample.kernels.reversible_jump import BirthDeathProposal, PseudoPrior
+from pymc_subsample.kernels.reversible_jump import (
+    BIRTH_SD,
+    MOVE_PROBABILITIES,
+    UPDATE_SD,
+    BirthDeathProposal,
+    PseudoPrior,
+)
 from pymc_subsample.step_methods.acceptance_tests import StatSpec
 from pymc_subsample.step_methods.austerity import AusterityMH
 
@@ -90,9 +97,9 @@ class ReversibleJumpMH(AusterityMH):
         indicators: TensorVariable,
         coefficients: TensorVariable,
         *,
-        birth_sd: float = 0.1,
-        update_sd: float = 0.01,
-        move_probabilities: tuple[float, float, float] = (1 / 3, 1 / 3, 1 / 3),
+        birth_sd: float = BIRTH_SD,
+        update_sd: float = UPDATE_SD,
+        move_probabilities: tuple[float, float, float] = MOVE_PROBABILITIES,
         **settings: Any,
     ) -> None:
         taken = sorted({"proposal", "control_variate", "vars"} & set(settings))
@@ -151,7 +158,7 @@ def _check_pair(
             f"indicators={gamma.name!r} must be a pm.Bernoulli variable (0 excludes a feature, "
             "1 includes it)."
         )
-    if beta.dtype.startswith(("int", "uint", "bool")):
+    if beta.dtype in discrete_types:
         raise ValueError(f"coefficients={beta.name!r} must be continuous.")
     point = model.initial_point()
     sizes = [int(np.size(point[str(model.rvs_to_values[rv].name)])) for rv in (gamma, beta)]
