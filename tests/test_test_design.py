@@ -152,8 +152,8 @@ def test_bad_designs_are_refused(design, message):
 
 
 def test_the_programme_refuses_what_it_cannot_follow():
-    with pytest.raises(ValueError, match="follows at most 100"):
-        operating_characteristics(SequentialDesign(10, 0.05), 100_000, 0.0)
+    with pytest.raises(ValueError, match="follows at most 10000"):
+        operating_characteristics(SequentialDesign(10, 0.05), 200_000, 0.0)
 
 
 def test_proposal_sample_holds_the_log_acceptance_ratio():

@@ -41,17 +41,23 @@ __all__ = [
     "ProposalSample",
     "SequentialDesign",
     "acceptance_error",
+    "default_batch_sizes",
     "design_test",
     "operating_characteristics",
 ]
 
-#: Stages the dynamic programme follows at most; a design stops testing after its
-#: ``max_stages`` and reads every row (so the cost of the programme stays bounded).
-MAX_STAGES = 100
+#: Stages the dynamic programme follows at most (its cost grows about as their square: the
+#: paper's heuristic m = 600 at N = 1.95 million, 3,250 stages, takes a few seconds); a design
+#: stops testing after its ``max_stages`` and reads every row.
+MAX_STAGES = 10_000
 #: Stages tested by the designs :func:`design_test` proposes (a design's cost grows with them).
 DESIGN_STAGES = 50
-#: First batches :func:`design_test` searches by default.
-DEFAULT_BATCH_SIZES = (100, 200, 500, 1000, 2000, 5000)
+#: The smallest first batch :func:`design_test` searches by default (Assumption 1, a Gaussian
+#: batch mean, wants hundreds of rows) ...
+SMALLEST_BATCH = 100
+#: ... and the largest, as a share of N: the fraction of rows a test must read scales with the
+#: proposal's standardised mean, not with N, so the batches must scale with N too.
+LARGEST_BATCH_SHARE = 0.1
 #: Widest grid cell, in units of z (the first stages' steps have sd near 1).
 MAX_CELL = 0.05
 #: Grid cells per sd of the narrowest step: the binning adds 1/(12 CELLS_PER_SD^2) of its variance.
@@ -154,7 +160,7 @@ class OptimalDesign(NamedTuple):
     shapes : tuple of float, default (0.5, 0.75, 1.0)
         Wang-Tsiatis shapes searched (0.5 is Pocock's constant bound).
     batch_sizes : tuple of int, optional
-        First batches searched (default 50 to 5,000).
+        First batches searched (default 100, 200, 500, 1,000, ... up to N / 10).
     n_proposals : int, default 100
         Proposals the average design is computed from (the paper's 100 samples).
     rows_per_proposal : int, default 200,000
@@ -325,12 +331,12 @@ def design_test(
     sample : ProposalSample, optional
         ``(mu, sigma_l)`` of proposals seen while tuning, for the average design.
     batch_sizes : sequence of int, optional
-        First batches to try (default 100, 200, 500, 1,000, 2,000 and 5,000 below N; the
-        paper's Assumption 1, a Gaussian batch mean, wants hundreds of rows).
+        First batches to try (default 100, 200, 500, 1,000, ... up to N / 10, from
+        ``default_batch_sizes``).
     shapes : sequence of float, default (0.5, 0.75, 1.0)
         Wang-Tsiatis shapes to try (0.5 is Pocock).
     max_stages : int, default 50
-        Stages tested at most before all rows are read (at most ``MAX_STAGES``, 100).
+        Stages tested at most before all rows are read.
 
     Returns
     -------
@@ -340,7 +346,7 @@ def design_test(
         raise ValueError(f"max_error must be in (0, 0.5), got {max_error!r}.")
     candidates = [
         m
-        for m in (batch_sizes if batch_sizes is not None else DEFAULT_BATCH_SIZES)
+        for m in (batch_sizes if batch_sizes is not None else default_batch_sizes(n_rows))
         if 2 <= m < n_rows
     ]
     if not candidates:
@@ -362,6 +368,31 @@ def design_test(
             "test (error_tolerance=0)."
         )
     return best
+
+
+def default_batch_sizes(n_rows: int) -> tuple[int, ...]:
+    """First batches ``design_test`` searches: 100, 200, 500, 1,000, ... up to N / 10.
+
+    Under the paper's Assumptions 1 and 2 a test's error and expected *fraction* of rows
+    depend on the proposal through ``mu_std`` and on the design through the stage fractions
+    ``pi_j = j m / N`` (eq. 9-11), and a random walk tuned to a fixed acceptance rate has the
+    same ``mu_std`` at every N. So the right first batch is a share of N: at N = 50,000 the
+    grid is 100 to 5,000; at the paper's N = 1.95 million it reaches 100,000.
+
+    Examples
+    --------
+    >>> default_batch_sizes(50_000)
+    (100, 200, 500, 1000, 2000, 5000)
+    >>> default_batch_sizes(500)
+    (100,)
+    """
+    largest = max(SMALLEST_BATCH, LARGEST_BATCH_SHARE * n_rows)
+    sizes = []
+    decade = SMALLEST_BATCH
+    while decade <= largest:
+        sizes.extend(m for m in (decade, 2 * decade, 5 * decade) if m <= largest)
+        decade *= 10
+    return tuple(sizes)
 
 
 def _best_tolerance(
