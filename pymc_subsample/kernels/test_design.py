@@ -387,7 +387,7 @@ def default_batch_sizes(n_rows: int) -> tuple[int, ...]:
     (100,)
     """
     largest = max(SMALLEST_BATCH, LARGEST_BATCH_SHARE * n_rows)
-    sizes = []
+    sizes: list[int] = []
     decade = SMALLEST_BATCH
     while decade <= largest:
         sizes.extend(m for m in (decade, 2 * decade, 5 * decade) if m <= largest)
