@@ -148,6 +148,24 @@ def test_stages_decide_where_the_t_test_of_the_python_path_does(epsilon):
             assert accumulator[6] == pytest.approx(stats.std_error[stage], rel=1e-9)
 
 
+def test_a_spread_whose_squares_overflow_reads_on_instead_of_deciding():
+    # Finite l_i of +-5e199 around the first stage's mean square past 1e308: the standard
+    # error is NaN, which must leave the stage undecided (as stage_statistics does), not
+    # count as zero spread. The call that reads all rows then decides on them.
+    values = np.where(np.arange(40) % 2 == 0, 1e200, 1.0)
+    values[10:20] = 1e200  # stage 2's shifted sum times its mean overflows too: inf - inf
+    critical = t.isf(0.05, np.arange(10, 41, 10) - 1.0)
+    accumulator = np.zeros(fused.ACCUMULATOR_SIZE)
+    accumulator[4] = np.nan
+    assert not fused.consume_stages(
+        values[:20], 10, 40, False, fused.AUSTERITY, 0.0, 1.0, critical, accumulator
+    )
+    assert fused.consume_stages(
+        values[20:], 10, 40, True, fused.AUSTERITY, 0.0, 1.0, critical, accumulator
+    )
+    assert int(accumulator[7]) == 40
+
+
 def _decide(
     test: int, mean: float, std_error: float, n_rows: int, full: bool, sigma: float = 1.0
 ) -> bool:

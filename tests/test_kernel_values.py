@@ -194,6 +194,18 @@ def test_nonfinite_log_ratio_rejects_and_is_flagged(bad):
         assert not decision.accepted and decision.nonfinite_proposal
 
 
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_huge_finite_log_ratios_read_on_to_the_exact_decision_without_warnings(sign, recwarn):
+    # A diverged trajectory's proposal: finite l_i of 1e200 square to inf, so no stage can
+    # decide; the test must read all rows and decide on their (finite) sum, silently.
+    sampler = RowSampler(40)
+    rows = lambda idx: np.where(idx % 2 == 0, sign * 1e200, 1.0)  # noqa: E731
+    decision = sequential_mh_test(np.random.default_rng(0), rows, sampler, 0.0, 0.05, 10)
+    assert decision.full_data and decision.n_data == 40 and not decision.nonfinite_proposal
+    assert decision.accepted == (sign > 0)
+    assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]
+
+
 def test_nonfinite_prior_rejects_without_data():
     decision = sequential_mh_test(
         np.random.default_rng(0), _constant_rows(1.0), RowSampler(10), -np.inf, 0.05, 5

@@ -328,7 +328,10 @@ def consume_stages(
             stop = True
         elif test == AUSTERITY:
             gap = abs(mean - threshold)
-            stop = gap / std_error > critical[stage - 1] if std_error > 0.0 else gap > 0.0
+            if std_error > 0.0:
+                stop = gap / std_error > critical[stage - 1]
+            else:  # no spread decides; a NaN one (squares past 1e308) reads on
+                stop = std_error == 0.0 and gap > 0.0
         else:
             spread = scale * std_error
             stop = spread * spread < 1.0

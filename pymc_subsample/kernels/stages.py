@@ -14,10 +14,11 @@ reports ``full_data`` exactly when its ``n_data`` is N.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from functools import partial
-from typing import NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
 from scipy.special import stdtr
@@ -117,7 +118,7 @@ def stage_statistics(
     n = n_values.astype(float)
     shifted_mean = shifted_sum / n
     mean = shift + shifted_mean
-    with np.errstate(divide="ignore", invalid="ignore"):
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         sample_var = np.maximum(shifted_sum_sq - shifted_sum * shifted_mean, 0.0) / (n - 1)
         finite_population = 1.0 - (n - 1) / (n_rows - 1)  # eq. 4
         std_error = np.sqrt(sample_var * finite_population / n)
@@ -251,6 +252,28 @@ class _FirstStage(NamedTuple):
     sums: _Sums
 
 
+_Result = TypeVar("_Result")
+
+
+def _quiet_overflow(function: Callable[..., _Result]) -> Callable[..., _Result]:
+    """Run ``function`` with NumPy's overflow and invalid-value warnings off.
+
+    Finite log-ratios beyond about 1e154 (a diverged trajectory's proposal) square to inf. The
+    stage is then undecided (its standard error is inf or NaN, its test error not below any
+    tolerance) and the test reads on to the exact decision on all N rows, whose sum the caller
+    has checked is finite; NumPy's warning would only be noise to the user. A fresh
+    ``np.errstate`` per call, since NumPy 1's is not reentrant.
+    """
+
+    @functools.wraps(function)
+    def quiet(*args: Any, **kwargs: Any) -> _Result:
+        with np.errstate(over="ignore", invalid="ignore"):
+            return function(*args, **kwargs)
+
+    return quiet
+
+
+@_quiet_overflow
 def _first_stage(values: np.ndarray, total: float, n_rows: int, threshold: float) -> _FirstStage:
     """Compute the first stage's statistics and its values' excess kurtosis in scalar arithmetic.
 
@@ -297,8 +320,10 @@ def _t_test(
     gap = abs(mean - threshold)
     if std_error > 0.0:
         t_statistic = gap / std_error
-    else:
+    elif std_error == 0.0:
         t_statistic = math.inf if gap > 0.0 else math.nan
+    else:  # a NaN spread (squares past 1e308): undecided, as stage_statistics has it
+        t_statistic = math.nan
     return mean, std_error, float(stdtr(n_values - 1, -t_statistic))
 
 
@@ -313,6 +338,7 @@ def evaluated_prefix(chunks: tuple[np.ndarray, ...], n_values: int) -> np.ndarra
     return np.concatenate(chunks)[:n_values]
 
 
+@_quiet_overflow
 def _chunk_stages(
     values: np.ndarray, sums: _Sums, batch_size: int, n_rows: int, threshold: float
 ) -> tuple[StageStatistics, _Sums]:
@@ -328,6 +354,7 @@ def _chunk_stages(
     return stats, new_sums
 
 
+@_quiet_overflow
 def _one_stage(
     values: np.ndarray, sums: _Sums, n_rows: int, threshold: float
 ) -> tuple[StageStatistics, _Sums]:
