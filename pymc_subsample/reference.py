@@ -376,7 +376,7 @@ def optimise_reference(
     batch_sizes: list[int] = []
     converged, decrement, last = False, float("inf"), None
     final_sums: tuple[np.ndarray, np.ndarray] | None = None
-    nonfinite = ""
+    nonfinite: _NonFiniteDerivatives | None = None
     size = first
     # A full Newton step taken without a line search (the quadratic regime below): where it
     # started, and what backtracking from there needs if the next pass finds it lost ground.
@@ -386,11 +386,11 @@ def optimise_reference(
             rows, test, curvature, sums = _tested_update(
                 oracles, q, sampler, rng, size, z, method, counts
             )
-        except FloatingPointError as error:
+        except _NonFiniteDerivatives as error:
             if unchecked is not None:  # the unchecked step overflowed: back to its start
                 q, known = unchecked.start, (unchecked.start, unchecked.value)
             last = None  # the gradient or curvature overflowed here: not a usable point
-            nonfinite = str(error)
+            nonfinite = error
             break
         n_used = _row_count(rows, n_rows)
         batch_sizes.append(n_used)
@@ -448,8 +448,8 @@ def optimise_reference(
     failure = _failure(
         converged, decrement, last, (len(batch_sizes), max_iter), tol, start_value, end_value
     )
-    if failure is not None and nonfinite:
-        failure = f"{nonfinite} (and so {failure})"
+    if failure is not None and nonfinite is not None:
+        failure = nonfinite.reason(len(batch_sizes), max_iter)
     spread, row_sums = float("nan"), None
     at_mode = failure is None and last is not None
     if failure is None and last is not None:
@@ -669,12 +669,13 @@ def _tested_update(
         curvature_sum = -sums.hessian if sums.hessian is not None else sums.outer
         matrix = scale * curvature_sum - prior_hessian
         if not (np.all(np.isfinite(matrix)) and np.all(np.isfinite(sums.gradient))):
-            raise FloatingPointError(
+            hessian_only = newton and bool(np.all(np.isfinite(sums.gradient)))
+            raise _NonFiniteDerivatives(
                 "the rows' summed "
-                + ("gradient" if np.all(np.isfinite(matrix)) else "Hessian")
+                + ("Hessian" if hessian_only else "gradient")
                 + " is not finite at the current point (NaN or inf from PyTensor's derivatives "
-                "of this likelihood, or an overflow far from the mode); method='fisher' needs "
-                "gradients only"
+                "of this likelihood, or an overflow far from the mode)",
+                hessian_only,
             )
         curvature = newton_curvature(matrix)
         mean = sums.gradient / n_used
@@ -692,6 +693,24 @@ def _tested_update(
             return used, test, curvature, sums
         # Double the batch, or take all rows once they pay.
         size = n_rows - n_used if _all_rows_pay(n_used, n_rows) else n_used
+
+
+class _NonFiniteDerivatives(FloatingPointError):
+    """The rows' summed gradient or Hessian overflowed or is NaN at the search's point."""
+
+    def __init__(self, message: str, hessian_only: bool) -> None:
+        super().__init__(message)
+        self.hessian_only = hessian_only
+
+    def reason(self, n_iterations: int, max_iter: int) -> str:
+        """Return the failure as the search's warning states it, with what to try."""
+        hint = (
+            ". pms.find_reference_point(method='fisher') inside the model needs gradients "
+            "only, and what it returns can be passed to the step as reference_point="
+            if self.hessian_only
+            else ""
+        )
+        return f"{self} after {n_iterations} of max_iter={max_iter} iterations{hint}"
 
 
 def _added(first: SearchSums, second: SearchSums) -> SearchSums:

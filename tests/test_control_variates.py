@@ -13,6 +13,7 @@ import warnings
 
 import numpy as np
 import pymc as pm
+import pytensor.tensor as pt
 import pytest
 from conftest import linear_regression_data, linear_regression_model, linear_regression_posterior
 from pymc.blocking import DictToArrayBijection, RaveledVars
@@ -274,6 +275,26 @@ def test_find_reference_point_bad_input_and_max_iter(small_regression):
         with pytest.warns(pms.SubsampleWarning, match="max_iter"):
             ref = pms.find_reference_point(max_iter=1, tol=1e-300, random_seed=0)
     assert not ref.converged
+
+
+def test_a_non_finite_hessian_names_the_gradient_only_search_which_then_works():
+    # -|y - mu|^1.5 has a finite gradient but an infinite second derivative where y = mu:
+    # rows equal to the start make the Newton search's Hessian inf. The warning must say so
+    # and point to method='fisher', which needs gradients only and finds the mode.
+    y = np.random.default_rng(0).normal(size=5000)
+    y[:10] = 0.0
+    with pm.Model():
+        mu = pm.Normal("mu", 0.0, 1.0)
+        pm.CustomDist("y", mu, logp=lambda value, mu: -(pt.abs(value - mu) ** 1.5), observed=y)
+        with pytest.warns(pms.SubsampleWarning) as record:
+            pms.find_reference_point(random_seed=0)
+        message = str(record[0].message)
+        assert "summed Hessian is not finite" in message
+        assert "method='fisher'" in message and "Raise max_iter" not in message
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", pms.SubsampleWarning)
+            ref = pms.find_reference_point(method="fisher", random_seed=0)
+    assert ref.converged and abs(ref.point["mu"]) < 0.05
 
 
 def test_control_variate_bad_input(small_regression):
