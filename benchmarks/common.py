@@ -217,3 +217,31 @@ def timed_chain(
 def listed(values: np.ndarray) -> list[float | None]:
     """A JSON list: None where no chain had made a draw yet (NaN)."""
     return [None if math.isnan(v) else float(v) for v in values]
+
+
+def risk_over_time(estimates: np.ndarray, truth: np.ndarray | float) -> dict[str, Any]:
+    """Risk of the chains' running estimates against the truth, at each time and the budget.
+
+    ``estimates`` is (chains, times, ...); the squared error is averaged over any axes after
+    the times (the test rows of a predictive mean). Returns the risk (mean over chains), its
+    standard error over the chains, the bias^2 of the chains' mean and the variance over the
+    chains, each as a JSON list and at the budget (the last time), and the chains' risks at
+    the budget.
+    """
+    trailing = tuple(range(2, estimates.ndim))
+    squared_errors = ((estimates - truth) ** 2).mean(axis=trailing)  # chains, times
+    risk = squared_errors.mean(axis=0)
+    risk_se = squared_errors.std(axis=0, ddof=1) / math.sqrt(estimates.shape[0])
+    bias_sq = ((estimates.mean(axis=0) - truth) ** 2).mean(axis=tuple(range(1, estimates.ndim - 1)))
+    variance = estimates.var(axis=0).mean(axis=tuple(range(1, estimates.ndim - 1)))
+    return {
+        "risk": listed(risk),
+        "risk_se": listed(risk_se),
+        "bias_sq": listed(bias_sq),
+        "variance": listed(variance),
+        "risk_at_budget": float(risk[-1]),
+        "risk_se_at_budget": float(risk_se[-1]),
+        "bias_sq_at_budget": float(bias_sq[-1]),
+        "variance_at_budget": float(variance[-1]),
+        "chain_risks_at_budget": squared_errors[:, -1].tolist(),
+    }

@@ -62,7 +62,7 @@ from typing import Any
 
 import arviz as az
 import numpy as np
-from common import listed, timed_chain, write_json
+from common import listed, risk_over_time, timed_chain, write_json
 
 import pymc_subsample as pms
 
@@ -193,12 +193,7 @@ def main() -> None:
                     "done": bool(done),
                 }
             )
-        estimates = np.array([chain["estimates"] for chain in chains])
-        squared_errors = (estimates - truth) ** 2
-        risk = squared_errors.mean(axis=0)
-        risk_se = squared_errors.std(axis=0, ddof=1) / math.sqrt(args.chains)
-        bias_sq = (estimates.mean(axis=0) - truth) ** 2
-        variance = estimates.var(axis=0)
+        estimates = np.array([chain["estimates"] for chain in chains])  # chains, times
         draws = np.array([chain["draws"] for chain in chains])
         seconds = np.array([chain["seconds"] for chain in chains])
         results[name] = {
@@ -211,19 +206,12 @@ def main() -> None:
                 for key, value in options.items()
             },
             "build_seconds": build,
-            "risk": listed(risk),
-            "risk_se": listed(risk_se),
-            "bias_sq": listed(bias_sq),
-            "variance": listed(variance),
-            "risk_at_budget": float(risk[-1]),
-            "bias_sq_at_budget": float(bias_sq[-1]),
-            "variance_at_budget": float(variance[-1]),
+            **risk_over_time(estimates, truth),
             "rows_per_draw": float(np.mean([chain["rows_per_draw"] for chain in chains])),
             "draws_per_second": float(draws.sum() / seconds.sum()),
             "draws_per_chain": draws.tolist(),
             "acceptance": float(np.mean([chain["acceptance"] for chain in chains])),
             "full_data_share": float(np.mean([chain["full_data_share"] for chain in chains])),
-            "risk_se_at_budget": float(risk_se[-1]),
             "chain_estimates": [listed(row) for row in estimates],
             "all_chains_reached_budget": all(chain["done"] for chain in chains),
             "max_orthonormality_error": max(chain["orthonormality_error"] for chain in chains),

@@ -66,7 +66,6 @@ intercept``). About 8 minutes with the defaults:
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
 import time
@@ -75,7 +74,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from common import listed, timed_chain, write_json
+from common import risk_over_time, timed_chain, write_json
 from scipy.special import expit
 
 import pymc_subsample as pms
@@ -263,11 +262,6 @@ def main() -> None:
                 }
             )
         estimates = np.array([chain["estimates"] for chain in chains])  # chains, times, rows
-        squared_errors = ((estimates - truth_mean) ** 2).mean(axis=2)  # chains, times
-        risk = squared_errors.mean(axis=0)
-        risk_se = squared_errors.std(axis=0, ddof=1) / math.sqrt(args.chains)
-        bias_sq = ((estimates.mean(axis=0) - truth_mean) ** 2).mean(axis=1)
-        variance = estimates.var(axis=0).mean(axis=1)
         draws = np.array([chain["draws"] for chain in chains])
         seconds = np.array([chain["seconds"] for chain in chains])
         per_move = {
@@ -277,15 +271,7 @@ def main() -> None:
         results[name] = {
             "error_tolerance": eps,
             "build_seconds": build_seconds,
-            "risk": listed(risk),
-            "risk_se": listed(risk_se),
-            "bias_sq": listed(bias_sq),
-            "variance": listed(variance),
-            "risk_at_budget": float(risk[-1]),
-            "risk_se_at_budget": float(risk_se[-1]),
-            "bias_sq_at_budget": float(bias_sq[-1]),
-            "variance_at_budget": float(variance[-1]),
-            "chain_risks_at_budget": squared_errors[:, -1].tolist(),
+            **risk_over_time(estimates, truth_mean),
             "rows_per_draw": float(np.mean([chain["rows_per_draw"] for chain in chains])),
             "rows_share": float(np.mean([chain["rows_per_draw"] for chain in chains]))
             / len(y_train),
