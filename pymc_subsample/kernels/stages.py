@@ -14,10 +14,9 @@ reports ``full_data`` exactly when its ``n_data`` is N.
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Callable
-from functools import partial
+from functools import partial, wraps
 from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
@@ -265,7 +264,7 @@ def _quiet_overflow(function: Callable[..., _Result]) -> Callable[..., _Result]:
     ``np.errstate`` per call, since NumPy 1's is not reentrant.
     """
 
-    @functools.wraps(function)
+    @wraps(function)
     def quiet(*args: Any, **kwargs: Any) -> _Result:
         with np.errstate(over="ignore", invalid="ignore"):
             return function(*args, **kwargs)
@@ -354,11 +353,13 @@ def _chunk_stages(
     return stats, new_sums
 
 
-@_quiet_overflow
 def _one_stage(
     values: np.ndarray, sums: _Sums, n_rows: int, threshold: float
 ) -> tuple[StageStatistics, _Sums]:
-    """:func:`stage_statistics` of a call holding one stage, in scalar arithmetic (eqs. 4, 5)."""
+    """:func:`stage_statistics` of a call holding one stage, in scalar arithmetic (eqs. 4, 5).
+
+    Called only from :func:`_chunk_stages`, whose overflow warnings are already off.
+    """
     deviations = values - sums.shift
     total = sums.total + float(deviations.sum())
     total_sq = sums.total_sq + float(deviations @ deviations)
