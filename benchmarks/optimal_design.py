@@ -43,9 +43,9 @@ from pathlib import Path
 
 import numpy as np
 from common import write_json
-from scipy.special import stdtrit
 
 import pymc_subsample as pms
+from pymc_subsample.step_methods.fused_path import _critical_values
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 from ica_stiefel import make_data, orthogonal_walk
@@ -125,16 +125,12 @@ def sample_of(values, n_rows: int) -> pms.ProposalSample:
 def critical_values(design: pms.SequentialDesign, n_rows: int) -> tuple[np.ndarray, np.ndarray]:
     """Rows read at each stage and the t critical value at which it stops (eq. 5).
 
-    The test stops at stage j when ``stdtr(n_j - 1, -|t|) < epsilon_j``, that is when
-    ``|t| > stdtrit(n_j - 1, 1 - epsilon_j)``; +inf where the design does not test.
+    The fused draw's own quantiles (``stdtr(n_j - 1, -|t|) < epsilon_j`` exactly when ``|t|``
+    exceeds them; +inf where the design does not test). The last stage reads all rows and
+    decides exactly, whatever its value.
     """
     n_values = np.minimum(np.arange(1, design.n_stages(n_rows) + 1) * design.batch_size, n_rows)
-    tolerances = design.stage_tolerances(n_rows)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        critical = np.where(
-            tolerances > 0, stdtrit(n_values - 1.0, 1.0 - np.maximum(tolerances, 1e-300)), np.inf
-        )
-    critical[n_values == n_rows] = 0.0  # all rows read: the exact decision
+    critical = _critical_values(n_rows, design.batch_size, design.stage_tolerances(n_rows))
     return n_values, critical
 
 
