@@ -143,3 +143,38 @@ def test_reference_point_with_no_usable_control_variate_is_an_error():
     model, _, _ = gaussian_mean_model(2_000)
     with model, pytest.raises(ValueError, match="tempered posterior"):
         pms.AusterityMH(temperature=10.0, reference_point={"mu": np.array(0.7)})
+
+
+@pytest.mark.parametrize("step_class", STEPS)
+def test_passed_reference_point_keeps_the_laplace_check_and_the_proposal(step_class):
+    # A ReferencePoint carries the search's Laplace check: passed in, the step chooses the
+    # proposal that it chooses from its own search (before issue 37 it read the check as
+    # missing and ran Hamiltonian trajectories on the Python path instead).
+    X, y = linear_regression_data(3_000, seed=8)
+    with linear_regression_model(X, y):
+        own = step_class()
+        ref = pms.find_reference_point(random_seed=1)
+        passed = step_class(control_variate="taylor2", reference_point=ref)
+        as_dict = step_class(control_variate="taylor2", reference_point=ref.point)
+    assert own.proposal_kind == passed.proposal_kind == "independent"
+    assert passed.laplace_spread == ref.laplace_log_weight_sd
+    # A plain dict carries no check: the step cannot know the posterior is near-Gaussian.
+    assert as_dict.proposal_kind == "hmc" and np.isnan(as_dict.laplace_spread)
+
+
+def test_passed_search_result_over_other_variables_is_not_read_as_the_steps():
+    # A search over (beta, offset) measured another posterior than a step over beta alone in a
+    # compound step: that step takes the point but not the check; a search over beta alone
+    # is the step's own.
+    X, y = linear_regression_data(2_000, seed=9)
+    with pm.Model():
+        beta = pm.Normal("beta", 0.0, 10.0, shape=3)
+        pm.Normal("y", X @ beta, 1.0, observed=y)
+        pm.Normal("offset", 0.0, 1.0)
+        own = pms.find_reference_point([beta], random_seed=1)
+        joint = pms.find_reference_point(random_seed=1)
+        from_own = pms.AusterityMH([beta], control_variate="taylor2", reference_point=own)
+        from_joint = pms.AusterityMH([beta], control_variate="taylor2", reference_point=joint)
+    assert from_own.laplace_spread == own.laplace_log_weight_sd
+    assert np.isnan(from_joint.laplace_spread)
+    np.testing.assert_allclose(from_joint.control.proxy.reference, joint.point["beta"])

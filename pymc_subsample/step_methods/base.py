@@ -12,6 +12,7 @@ import math
 import os
 from abc import abstractmethod
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from functools import partial
 from typing import Any, ClassVar
 
@@ -28,6 +29,7 @@ from pytensor.tensor.variable import TensorVariable
 
 from pymc_subsample.kernels.row_sampler import RowSampler
 from pymc_subsample.kernels.user_proposal import ProposalFunction, UserProposal
+from pymc_subsample.model.imputation import imputed_value_vars
 from pymc_subsample.model.oracles import ModelOracles, build_oracles, discrete_names
 from pymc_subsample.reference import Optimum, automatic_reference, funnel_explanation
 from pymc_subsample.step_methods.acceptance_tests import (
@@ -546,14 +548,20 @@ class SubsampleMH(SubsampleStepBase):
         again after ``pm.set_data``, it decides afresh for the new data.
         """
         self.oracles = self.oracles.in_unconstrained()
-        if reference_point is None:
-            optimum = automatic_reference(self.oracles, self._funnel)
+        optimum = (
+            automatic_reference(self.oracles, self._funnel)
+            if reference_point is None
+            else self._measured_reference(reference_point)
+        )
+        if optimum is not None:
             if optimum.failure is not None:
+                if self._automatic and optimum.at_mode:
+                    control = self._likelihood_control_variate(optimum)
+                    if control is not None:
+                        return control
+                if reference_point is not None:  # the user's point: refused with its failure
+                    reference_vector(reference_point, self.vars, self._initial_point)
                 if self._automatic:
-                    if optimum.at_mode:
-                        control = self._likelihood_control_variate(optimum)
-                        if control is not None:
-                            return control
                     self._drop_default(
                         f"the search for a reference point failed: {optimum.failure}"
                     )
@@ -562,7 +570,7 @@ class SubsampleMH(SubsampleStepBase):
                     f"The step's search for a reference point failed: {optimum.failure}. "
                     "pms.find_reference_point() names the cause in hierarchical models."
                 )
-            self.reference_rows = optimum.n_row_evaluations
+            self.reference_rows = optimum.n_row_evaluations if reference_point is None else 0
             self.laplace_spread = optimum.laplace_log_weight_sd
             reference, row_sums = optimum.q, optimum.row_sums  # the search's own pass
         else:
@@ -586,6 +594,24 @@ class SubsampleMH(SubsampleStepBase):
                 "pms.find_reference_point or pass proposal_cov.",
             )
         return control
+
+    def _measured_reference(self, reference_point: Any) -> Optimum | None:
+        """Return a passed search result as the step's own search would have, or None.
+
+        A :class:`~pymc_subsample.ReferencePoint` over exactly the step's variables carries
+        what the search measured there (the Laplace check, whether it is a mode): the step
+        then chooses its control variate and proposal as it would from its own search
+        (issue 37, item 4). Its row sums are not reused (the point may come from other
+        data: one pass here). None for a plain dict, or a result over other variables,
+        whose Laplace check described another posterior.
+        """
+        point = getattr(reference_point, "point", None)
+        names = [str(var.name) for var in self.vars]
+        if not isinstance(reference_point, Optimum) or point is None or set(point) != set(names):
+            return None
+        ordered = {name: point[name] for name in names}
+        q = reference_vector(ordered, self.vars, self._initial_point)
+        return replace(reference_point, q=q, row_sums=None)
 
     def _likelihood_control_variate(self, optimum: Optimum) -> ControlVariate | None:
         """Expand in the likelihood's parameters at a mode whose Laplace check failed.
@@ -811,9 +837,15 @@ class SubsampleMH(SubsampleStepBase):
 def _step_value_vars(
     model: pm.Model | None, vars: Sequence[TensorVariable] | None
 ) -> list[TensorVariable]:
-    """Return the value variables a step samples: ``vars``, else all the model's."""
+    """Return the value variables a step samples: ``vars``, else all the model's.
+
+    Imputed missing values (``y_unobserved``) are left to PyMC's own step by default.
+    """
     model = pm.modelcontext(model)
-    return list(model.value_vars if vars is None else get_value_vars_from_user_vars(vars, model))
+    if vars is None:
+        imputed = imputed_value_vars(model)
+        return [value for value in model.value_vars if value not in imputed]
+    return list(get_value_vars_from_user_vars(vars, model))
 
 
 def _check_discrete_request(names: list[str], proposal: str, control_variate: str | None) -> None:
