@@ -208,14 +208,16 @@ def test_observed_value_that_is_an_expression_of_data():
     )
 
 
-def test_missing_observed_values_are_refused_in_words():
+def test_missing_observed_values_are_imputed_by_pymc_beside_the_step():
+    # Once refused; now the observed rows are subsampled (tests/test_missing_values.py).
     X, y = linear_regression_data(200, seed=30)
     y[:3] = np.nan
     with pm.Model():
         beta = pm.Normal("beta", 0, 1, shape=3)
         pm.Normal("y", X @ beta, 1.0, observed=y)
-        with pytest.raises(ValueError, match=r"\['y'\] have missing values"):
-            pms.AusterityMH([beta], batch_size=50)
+        step = pms.AusterityMH(batch_size=50)
+    assert [v.name for v in step.vars] == ["beta"]
+    assert step.oracles.n_rows == 200
 
 
 def test_per_row_latents_are_refused_before_gradients_are_built():

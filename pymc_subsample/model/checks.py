@@ -19,36 +19,10 @@ from pytensor.tensor.shape import Shape, Shape_i
 from pytensor.tensor.variable import TensorVariable
 
 __all__ = [
-    "check_no_imputed_rows",
     "check_no_per_row_latents",
     "check_one_term_per_row",
     "check_support_is_fixed",
 ]
-
-
-def check_no_imputed_rows(model: Model) -> None:
-    """Refuse observed data with missing values, which PyMC imputes as one latent per NaN.
-
-    PyMC splits such a variable ``y`` into ``y_observed`` (the rows with values) and a free
-    variable ``y_unobserved`` (one entry per missing row). The observed part no longer has the
-    rows of the covariates, so no row of ``y_observed`` can be matched to its row of ``X``
-    without an O(N) pass.
-    """
-    free_names = {str(rv.name) for rv in model.free_RVs}
-    imputed = []
-    for rv in model.observed_RVs:
-        name = str(rv.name)
-        if name.endswith("_observed") and f"{name[: -len('_observed')]}_unobserved" in free_names:
-            imputed.append(name[: -len("_observed")])
-    if imputed:
-        raise ValueError(
-            f"The observed data of {imputed} have missing values (NaN or masked entries), which "
-            "PyMC imputes with one free variable per missing row "
-            f"({[f'{name}_unobserved' for name in imputed]}). A subsampling step cannot match "
-            "the remaining rows to their covariates. Drop the rows with missing values before "
-            "building the model (for example keep = ~np.isnan(y); X, y = X[keep], y[keep]), "
-            "or sample the imputation model with pm.sample() (NUTS)."
-        )
 
 
 def check_no_per_row_latents(

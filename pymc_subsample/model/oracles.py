@@ -27,7 +27,7 @@ from pytensor.graph.replace import clone_replace
 from pytensor.graph.traversal import ancestors
 from pytensor.tensor.variable import TensorConstant, TensorVariable
 
-from pymc_subsample.model.checks import check_no_imputed_rows, check_no_per_row_latents
+from pymc_subsample.model.checks import check_no_per_row_latents
 from pymc_subsample.model.compiled import (
     GraphBuilder,
     LazyFunction,
@@ -46,7 +46,12 @@ from pymc_subsample.model.identification import (
     warn_if_unidentified,
 )
 from pymc_subsample.model.likelihood_parameters import likelihood_parameters
-from pymc_subsample.model.rows import RowLayout, find_row_layout, row_loglik_graph
+from pymc_subsample.model.rows import (
+    RowLayout,
+    find_row_layout,
+    gather_missing_rows,
+    row_loglik_graph,
+)
 
 __all__ = [
     "DataTracker",
@@ -705,11 +710,12 @@ def _model_functions(
     kwargs: dict[str, Any],
 ) -> ModelFunctions:
     """Read the model's graphs and wrap each function of ``q`` to compile at first use."""
-    check_no_imputed_rows(model)
     layout = find_row_layout(model, obs_dim)
     check_no_per_row_latents(model, layout.row_rvs, initial_point, layout.n_rows, layout.obs_dim)
     graph = row_loglik_graph(model, layout)
     prior = model.logp(vars=[*model.free_RVs, *model.potentials, *layout.full_rvs])
+    # Missing values' density (a free variable's) reads only their rows, not all N.
+    prior = gather_missing_rows(model, prior, layout)
 
     shared = make_shared_replacements(initial_point, vars, model)
     [rows_q, full_q, prior_q], q = join_nonshared_inputs(

@@ -5,11 +5,13 @@ on the row axis, unwrap the ``total_size`` wrapper, rebuild the random variable 
 value variables, resize its batch dimension to the number of selected rows with
 ``change_dist_size``, replace every row-aligned data input ``D`` by a placeholder for ``D[idx]``
 and take ``logp(rv, value[idx])``. The result costs O(len(idx)) to evaluate, whatever N is.
+An observed variable with missing values (PyMC's imputation) is put back on its original rows
+first (``model/imputation.py``): its observed rows are subsampled where their covariates are.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import cast
 
@@ -29,9 +31,22 @@ from pytensor.tensor.type import TensorType
 from pytensor.tensor.variable import TensorVariable
 
 from pymc_subsample.model.checks import check_one_term_per_row, check_support_is_fixed
+from pymc_subsample.model.imputation import (
+    Imputation,
+    find_imputations,
+    full_rv,
+    observed_terms_on_rows,
+    restrict_to_missing_rows,
+)
 from pymc_subsample.warnings import warn_user
 
-__all__ = ["RowGraph", "RowLayout", "find_row_layout", "row_loglik_graph"]
+__all__ = [
+    "RowGraph",
+    "RowLayout",
+    "find_row_layout",
+    "gather_missing_rows",
+    "row_loglik_graph",
+]
 
 #: Observed variables off the row axis with more elements than this are costly to evaluate in
 #: full at every step; the user is warned.
@@ -52,6 +67,8 @@ class RowLayout:
         Observed variables off the row axis: evaluated in full with the prior at every step.
     obs_dim : str or None
         The named dimension of the rows, when known.
+    imputations : tuple of Imputation
+        The observed variables with missing values (``y_observed``), on their original rows.
 
     """
 
@@ -59,6 +76,11 @@ class RowLayout:
     row_rvs: tuple[Variable, ...]
     full_rvs: tuple[Variable, ...]
     obs_dim: str | None
+    imputations: tuple[Imputation, ...] = ()
+
+    def imputation(self, rv: Variable) -> Imputation | None:
+        """Return the imputation of the observed variable ``rv`` (``y_observed``), or None."""
+        return next((i for i in self.imputations if i.observed is rv), None)
 
 
 def _observed_shape(model: Model, rv: Variable) -> tuple[int, ...]:
@@ -102,13 +124,22 @@ def find_row_layout(model: Model, obs_dim: str | None = None) -> RowLayout:
 
     """
     observed = list(model.observed_RVs)
+    imputations = find_imputations(model)
     if not observed:
         raise ValueError(
             "The model has no observed variables, so there are no rows to subsample. "
             "A likelihood written as pm.Potential cannot be split into rows: write it as an "
             "observed distribution (pm.CustomDist(..., observed=data) if need be)."
         )
-    shapes = {rv: _observed_shape(model, rv) for rv in observed}
+    # An imputed variable lies on its original rows (y's, not y_observed's), with y's dims.
+    shapes = {
+        rv: imputations[rv].shape if rv in imputations else _observed_shape(model, rv)
+        for rv in observed
+    }
+    dims = {
+        rv: imputations[rv].dims if rv in imputations else model.named_vars_to_dims.get(rv.name)
+        for rv in observed
+    }
     if obs_dim is not None:
         if obs_dim not in model.coords:
             raise ValueError(
@@ -116,11 +147,7 @@ def find_row_layout(model: Model, obs_dim: str | None = None) -> RowLayout:
                 f"{sorted(model.coords)}. Pass the name given in `coords` for the rows."
             )
         n_rows = len(model.coords[obs_dim])
-        row_rvs = [
-            rv
-            for rv in observed
-            if (model.named_vars_to_dims.get(rv.name) or (None,))[0] == obs_dim
-        ]
+        row_rvs = [rv for rv in observed if (dims[rv] or (None,))[0] == obs_dim]
         if not row_rvs:
             raise ValueError(
                 f"No observed variable has obs_dim={obs_dim!r} as its first dimension. Declare "
@@ -136,7 +163,8 @@ def find_row_layout(model: Model, obs_dim: str | None = None) -> RowLayout:
         row_rvs = [rv for rv in observed if len(shapes[rv]) > 0 and shapes[rv][0] == n_rows]
     full_rvs = [rv for rv in observed if rv not in row_rvs]
     _warn_large_full_terms(full_rvs, shapes)
-    return RowLayout(n_rows, tuple(row_rvs), tuple(full_rvs), obs_dim)
+    used = tuple(imputations[rv] for rv in observed if rv in imputations)
+    return RowLayout(n_rows, tuple(row_rvs), tuple(full_rvs), obs_dim, used)
 
 
 def _warn_large_full_terms(full_rvs: Sequence[Variable], shapes: dict) -> None:
@@ -203,6 +231,19 @@ def _row_aligned_data(graph: Variable, model: Model, layout: RowLayout) -> list[
         if aligned:
             found.append(cast(TensorVariable, var))
     return found
+
+
+def gather_missing_rows(model: Model, graph: TensorVariable, layout: RowLayout) -> TensorVariable:
+    """Rewrite the prior part ``graph`` so missing values' density reads only their rows.
+
+    See :func:`pymc_subsample.model.imputation.restrict_to_missing_rows`; ``graph`` unchanged
+    for a model without missing values.
+    """
+    if not layout.imputations:
+        return graph
+    return restrict_to_missing_rows(
+        model, graph, layout.imputations, lambda part: _row_aligned_data(part, model, layout)
+    )
 
 
 def _sum_trailing(per_element: TensorVariable) -> TensorVariable:
@@ -272,6 +313,13 @@ def row_loglik_graph(model: Model, layout: RowLayout) -> RowGraph:
     rows_terms, full_terms = [], []
     for observed_rv in layout.row_rvs:
         name = str(observed_rv.name)
+        imputation = layout.imputation(observed_rv)
+        if imputation is not None:
+            row_term, full_term = _imputed_terms(model, imputation, placeholder, rows_of)
+            check_support_is_fixed(row_term, placeholders.values(), model.values_to_rvs, [name])
+            rows_terms.append(row_term)
+            full_terms.append(full_term)
+            continue
         value = model.rvs_to_values[observed_rv]
         rv = _rebuild_on_values(model, _unwrap_total_size(observed_rv))
         scale = _total_size_scale(observed_rv, value)
@@ -292,6 +340,31 @@ def row_loglik_graph(model: Model, layout: RowLayout) -> RowGraph:
         row_data=tuple(placeholders),
         full_logp=_total(full_terms),
     )
+
+
+def _imputed_terms(
+    model: Model,
+    imputation: Imputation,
+    placeholder: Callable[[TensorVariable], TensorVariable],
+    rows_of: Callable[[TensorVariable], TensorVariable],
+) -> tuple[TensorVariable, TensorVariable]:
+    """Row terms of an observed variable with missing values, on its original rows.
+
+    A row's term is the original distribution's log-density at its observed value, and 0 where
+    the value is missing (its density belongs to the imputed variable, in the prior part). The
+    values and the mask are two row-aligned constants; the full-rows reference is PyMC's own
+    ``y_observed`` terms put on the rows, so the self-check compares the two.
+    """
+    rv = full_rv(model, imputation)
+    values = pt.constant(imputation.values, name=f"{imputation.name}_values")
+    observed = pt.constant(imputation.observed_mask, name=f"{imputation.name}_observed_mask")
+    values_rows, observed_rows = placeholder(values), placeholder(observed)
+    batch_shape = imputation.observed_mask.shape
+    resized = change_dist_size(rv, new_size=(values_rows.shape[0], *batch_shape[1:]))
+    terms = logp(rows_of(resized), values_rows)
+    row_term = _sum_trailing(cast(TensorVariable, pt.switch(observed_rows, terms, 0.0)))
+    check_one_term_per_row(row_term, imputation.name)
+    return row_term, _sum_trailing(observed_terms_on_rows(model, imputation))
 
 
 def _total_size_scale(observed_rv: Variable, value: TensorVariable) -> TensorVariable:
