@@ -49,7 +49,7 @@ def _step(fisher: str, step_size: float, seed: int) -> pms.SGFS:
         with pm.Model():
             mu = pm.Normal("mu", 0.0, PRIOR_SD, shape=2)
             pm.Normal("w", pm.math.dot(whiten, mu), 1.0, observed=_data() @ whiten.T)
-            _STEPS[fisher] = pms.SGFS(batch_size=BATCH, fisher=fisher)
+            _STEPS[fisher] = pms.SGFS(batch_size=BATCH, fisher=fisher, control_variate=None)
     step = _STEPS[fisher]
     step.step_size = step_size
     step.reset_tuning()

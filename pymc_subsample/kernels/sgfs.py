@@ -13,6 +13,16 @@ One step, with n rows drawn uniformly with replacement, scores
 proportional to I_N). ``fisher="diagonal"`` (SGFS-d) keeps only the diagonal of ``I_hat`` (and
 of B). M is factorised by Cholesky, once per Fisher average and step size
 (``sgfs_factors``); no inverse is formed.
+
+**With a control variate.** ``gamma N I_hat = N I_hat + (N^2 / n) I_hat`` is the posterior
+precision plus the covariance of the minibatch gradient's noise (eqs. 5-8: the paper's
+``Q = eps C - (eps^2 / 4) gamma C I_N C``). If the gradient is estimated with the first-order
+control variate ``sum_i g_i(q*) + (N / n) sum_batch (g_i(q) - g_i(q*))`` instead, its noise is
+``(N^2 / n) V`` with ``V`` the covariance of the differences, and eq. 8's derivation gives
+``M = N I_hat + (N^2 / n) V_hat + 4 B / eps`` (``noise=V_hat`` below). Near the mode ``V`` is
+of order ``d / N`` times ``I``, so the gain ``2 M^{-1}`` is no longer capped at ``2 / (gamma N
+I_hat)``: without it the chain contracts by at most ``2 / gamma`` per step and makes at most
+``n / N`` effective draws per step, whatever B and eps.
 """
 
 from __future__ import annotations
@@ -24,6 +34,7 @@ from scipy.linalg import cho_factor, cho_solve, solve_discrete_lyapunov
 
 __all__ = [
     "SGFSFactors",
+    "curvature_and_noise",
     "empirical_fisher",
     "sgfs_gamma",
     "sgfs_factors",
@@ -102,12 +113,31 @@ class SGFSFactors(NamedTuple):
     condition_number: float
 
 
+def curvature_and_noise(
+    fisher: np.ndarray, n_rows: int, batch_size: int, noise: np.ndarray | None = None
+) -> np.ndarray:
+    """``N I_hat + (N^2 / n) V_hat``: M at ``eps -> oo``; ``gamma N I_hat`` when ``V_hat = I_hat``.
+
+    ``noise`` is ``V_hat``, the covariance per row of what the minibatch averages (default
+    ``I_hat``: the scores themselves, eq. 8); the control variate's differences otherwise.
+
+    Examples
+    --------
+    >>> float(curvature_and_noise(np.array([2.0]), 10, 2)[0])  # gamma N I_hat = 6 * 10 * 2
+    120.0
+    """
+    if noise is None:
+        return sgfs_gamma(n_rows, batch_size) * n_rows * fisher
+    return n_rows * fisher + (n_rows**2 / batch_size) * noise
+
+
 def sgfs_factors(
     fisher: np.ndarray,
     n_rows: int,
     batch_size: int,
     step_size: float,
     preconditioner: np.ndarray | None,
+    noise: np.ndarray | None = None,
 ) -> SGFSFactors:
     """Factorise ``M`` and ``B`` once for a given ``I_hat`` and step size.
 
@@ -120,7 +150,11 @@ def sgfs_factors(
     step_size : float
         The paper's epsilon.
     preconditioner : ndarray or None
-        B, of the same shape as ``fisher``; None for the default ``gamma N I_hat``.
+        B, of the same shape as ``fisher``; None for the default
+        :func:`curvature_and_noise` (``gamma N I_hat`` without ``noise``).
+    noise : ndarray, optional
+        ``V_hat``, shaped like ``fisher``: the covariance per row of the control variate's
+        differences. Default ``I_hat`` (no control variate: the paper's ``M``).
 
     Returns
     -------
@@ -134,10 +168,10 @@ def sgfs_factors(
         If M or B is not positive definite.
 
     """
-    gamma = sgfs_gamma(n_rows, batch_size)
+    limit = curvature_and_noise(fisher, n_rows, batch_size, noise)
     if preconditioner is None:
-        preconditioner = gamma * n_rows * fisher
-    precision = sgfs_precision(fisher, gamma, n_rows, step_size, preconditioner)
+        preconditioner = limit
+    precision: np.ndarray = limit + 4.0 * preconditioner / step_size  # Algorithm 1, line 9
     if precision.ndim == 1:
         if not np.all(precision > 0):
             raise np.linalg.LinAlgError("M has a non-positive diagonal entry.")
@@ -161,6 +195,7 @@ def sgfs_step(
     scores: np.ndarray,
     n_rows: int,
     factors: SGFSFactors,
+    offset: np.ndarray | None = None,
 ) -> np.ndarray:
     """One SGFS update (eq. 11) from the batch's scores, with noise ``eta ~ N(0, 4 B / eps)``.
 
@@ -176,6 +211,9 @@ def sgfs_step(
         N.
     factors : SGFSFactors
         From :func:`sgfs_factors` for the current ``I_hat`` and step size.
+    offset : ndarray, optional
+        Added to ``N g_bar``: with the control variate, ``scores`` are the differences
+        ``g_i(q) - g_i(q*)`` and ``offset`` is ``sum_i g_i(q*)`` over all N rows.
 
     Returns
     -------
@@ -187,6 +225,8 @@ def sgfs_step(
     noise_factor = factors.noise_factor
     noise = noise_factor * z if noise_factor.ndim == 1 else noise_factor @ z
     force = prior_grad + n_rows * scores.mean(axis=0) + noise
+    if offset is not None:
+        force = force + offset
     return _move(q, force, factors.precision_factor)
 
 
@@ -198,6 +238,8 @@ def stationary_covariance(
     step_size: float,
     preconditioner: np.ndarray | None = None,
     precision: np.ndarray | None = None,
+    noise: np.ndarray | None = None,
+    noise_covariance: np.ndarray | None = None,
 ) -> np.ndarray:
     """Stationary covariance of SGFS near a Gaussian mode, for a given ``I_hat``.
 
@@ -228,6 +270,12 @@ def stationary_covariance(
         B, shaped like ``fisher``; default ``gamma N I_hat`` as in :func:`sgfs_factors`.
     precision : ndarray, optional
         ``P``, (d, d); default ``N J``.
+    noise : ndarray, optional
+        ``V_hat`` in ``M`` (:func:`sgfs_factors`), shaped like ``fisher``; default ``I_hat``.
+    noise_covariance : ndarray, optional
+        The covariance per row of what the minibatch averages, (d, d): with the control
+        variate, of the differences ``g_i(q) - g_i(q*)``; default ``J``. The minibatch noise is
+        then ``N^2 V / n`` in place of ``N^2 J / n``.
 
     Returns
     -------
@@ -242,18 +290,20 @@ def stationary_covariance(
     >>> round(float(S[0, 0]) * 1000 * 2.0, 10)
     1.0
     """
-    gamma = sgfs_gamma(n_rows, batch_size)
-    used = np.diag(fisher) if fisher.ndim == 1 else fisher
+    limit = curvature_and_noise(fisher, n_rows, batch_size, noise)
+    limit = np.diag(limit) if limit.ndim == 1 else limit
     if preconditioner is None:
-        b = gamma * n_rows * used
+        b = limit
     else:
         b = np.diag(preconditioner) if preconditioner.ndim == 1 else preconditioner
     if precision is None:
         precision = n_rows * score_covariance
-    gain = 2.0 * np.linalg.inv(gamma * n_rows * used + 4.0 * b / step_size)
-    transition = np.eye(used.shape[0]) - gain @ precision
-    noise = n_rows**2 * score_covariance / batch_size + 4.0 * b / step_size
-    covariance = solve_discrete_lyapunov(transition, gain @ noise @ gain.T)
+    if noise_covariance is None:
+        noise_covariance = score_covariance
+    gain = 2.0 * np.linalg.inv(limit + 4.0 * b / step_size)
+    transition = np.eye(limit.shape[0]) - gain @ precision
+    total = n_rows**2 * noise_covariance / batch_size + 4.0 * b / step_size
+    covariance = solve_discrete_lyapunov(transition, gain @ total @ gain.T)
     return 0.5 * (covariance + covariance.T)
 
 
@@ -282,17 +332,28 @@ def largest_step_size_within(
     batch_size: int,
     preconditioner: np.ndarray | None,
     precision: np.ndarray,
+    noise: np.ndarray | None = None,
+    noise_covariance: np.ndarray | None = None,
 ) -> float | None:
     """Largest step size up to ``step_size`` whose predicted sds are within ``tolerance``.
 
     Bisection in log step size (30 halvings) on :func:`stationary_covariance` against
     ``precision^-1``, between ``1e-6 step_size`` and ``step_size``; None if even the smallest
     is not within (the prediction tends to ``P^-1`` only as the step size goes to 0).
+    ``noise`` and ``noise_covariance`` as for :func:`stationary_covariance`.
     """
 
     def within(eps: float) -> bool:
         covariance = stationary_covariance(
-            fisher, score_covariance, n_rows, batch_size, eps, preconditioner, precision
+            fisher,
+            score_covariance,
+            n_rows,
+            batch_size,
+            eps,
+            preconditioner,
+            precision,
+            noise,
+            noise_covariance,
         )
         low, high = stationary_sd_ratios(covariance, precision)
         return 1.0 / tolerance <= low and high <= tolerance

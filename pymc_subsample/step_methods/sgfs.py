@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -16,34 +15,44 @@ from pymc.step_methods.state import dataclass_state
 from pymc.util import RandomGenerator
 from pytensor.tensor.variable import TensorVariable
 
-from pymc_subsample.kernels.control_variates import mahalanobis_limit
 from pymc_subsample.kernels.sgfs import (
     SGFSFactors,
     empirical_fisher,
-    largest_step_size_within,
     sgfs_factors,
     sgfs_step,
-    stationary_covariance,
-    stationary_sd_ratios,
     update_fisher_average,
 )
 from pymc_subsample.reference import automatic_reference
 from pymc_subsample.step_methods.base import SubsampleStepBase, _check_choice
 from pymc_subsample.step_methods.control import reference_vector
-from pymc_subsample.step_methods.sgfs_start import ReferenceFisher, reference_fisher
+from pymc_subsample.step_methods.sgfs_checks import (
+    SPREAD_TOLERANCE,
+    ChainESS,
+    check_chain_ess,
+    check_preconditioner,
+    check_spread,
+    check_step_size,
+)
+from pymc_subsample.step_methods.sgfs_start import (
+    ReferenceFisher,
+    reference_fisher,
+    reference_score_sum,
+)
 from pymc_subsample.warnings import warn_user
 
-__all__ = ["SGFS", "PolynomialStepSize"]
+__all__ = ["SGFS", "PolynomialStepSize", "SPREAD_TOLERANCE"]
 
-#: Default step size when the chains start at a reference point: the contraction per step near
-#: the mode, ``2 / (gamma (1 + 4 / eps))``, is then 91% of its large-step limit ``2 / gamma``,
-#: and the chain samples the Bernstein-von Mises Gaussian that the reference search checked
-#: (docs/sgfs.md, "Defaults").
+#: Default step size with the control variate (the default when the chains start at a
+#: reference point): ``M`` is then ``3 (N I_hat + (N^2 / n) V_hat)`` with ``B`` its
+#: ``eps -> oo`` limit, so the mean moves ``2 / 3`` of the way to the mode per step (lag-1
+#: autocorrelation about 1/3: about one effective draw per two steps, docs/sgfs.md, "Defaults").
+CONTROL_STEP_SIZE = 2.0
+#: Default step size at a reference point without the control variate: the contraction per
+#: step near the mode, ``2 / (gamma (1 + 4 / eps))``, is then 91% of its large-step limit
+#: ``2 / gamma``: about ``N / n`` steps per effective draw.
 REFERENCE_STEP_SIZE = 40.0
 #: Step size without a reference point (the chain may start far from the mode).
 INITIAL_STEP_SIZE = 1.0
-#: Warn when the predicted stationary sd is off by more than this factor in some direction.
-SPREAD_TOLERANCE = 1.1
 #: Tuning draws per block of score covariances; the check uses the last half of the blocks.
 _SPREAD_BLOCK = 50
 
@@ -76,6 +85,8 @@ class SGFSState(StepMethodState):
 
     fisher: np.ndarray | None
     fisher_count: int
+    noise: np.ndarray | None
+    noise_count: int
     step_count: int
     tune: bool
 
@@ -92,6 +103,15 @@ class SGFS(SubsampleStepBase):
 
     with ``gamma = (N + n) / n`` and ``eta ~ N(0, 4 B / eps)``. There is no accept/reject step.
 
+    By default (a reference point ``q*`` found) the minibatch gradient carries the first-order
+    control variate: ``N g_bar`` becomes ``sum_i g_i(q*) + (N / n) sum_batch (g_i(q) -
+    g_i(q*))`` (the full sum at ``q*`` computed once), whose noise ``(N^2 / n) V`` is far
+    smaller than the scores' ``(N^2 / n) I``; ``gamma N I_hat`` becomes ``N I_hat + (N^2 / n)
+    V_hat`` (eq. 8's derivation with that noise; ``V_hat`` the online average of the
+    differences' covariance). Without it SGFS makes at most ``n / N`` effective draws per step
+    whatever B and eps (``kernels.sgfs``); with it, about one per two steps at the default
+    step size.
+
     Parameters
     ----------
     vars : list of variables, optional
@@ -103,15 +123,25 @@ class SGFS(SubsampleStepBase):
         The paper's epsilon (``alpha = 2 / sqrt(eps)`` in its experiments). Large steps sample
         the Bernstein-von Mises Gaussian approximation of the posterior; small steps behave
         like preconditioned SGLD, whose bias vanishes only as the step goes to 0. Default
-        :data:`REFERENCE_STEP_SIZE` (40) when the chains start at a reference point (the
-        default ``start``; the automatic search checks that the posterior is close to that
-        Gaussian there), where the contraction per step is within 10% of its large-step
-        limit; else 1.
+        :data:`CONTROL_STEP_SIZE` (2) with the control variate (the mean moves 2/3 of the way
+        to the mode per step), :data:`REFERENCE_STEP_SIZE` (40) at a reference point without
+        it (the contraction per step within 10% of its large-step limit ``2 / gamma``), else 1.
     fisher : {"full", "diagonal"}, default "full"
         SGFS-f or SGFS-d (diagonal ``I_hat``; exact only at small step sizes).
     preconditioner : array_like, optional
         B: a (d, d) SPD matrix ("full") or a vector of d positive values ("diagonal"). Default
-        ``gamma N I_hat``, the paper's recommendation.
+        ``gamma N I_hat`` (the paper's recommendation, ``B`` proportional to ``I_N``), with the
+        control variate ``N I_hat + (N^2 / n) V_hat``: ``M`` at ``eps -> oo`` either way.
+    control_variate : {"auto", None, "taylor1"}, default "auto"
+        ``"taylor1"``: the gradient of the first-order Taylor control variate at the reference
+        point, as above (needs ``start="reference"``; two per-row gradients per row). Its step
+        size should stay at most about 4 (where the mean jumps to the mode each step); beyond,
+        the chain over-relaxes and its spread grows sensitive to ``I_hat`` (the end-of-tuning
+        check says so). None: the paper's plain minibatch gradient. ``"auto"``: ``"taylor1"``
+        when the step has a reference point, ``fisher="full"``, none of ``step_size``,
+        ``step_size_schedule`` and ``preconditioner`` is given (those choose the paper's
+        parametrisation, where a large step size is the Bernstein-von Mises regime) and no
+        other step samples variables the rows read; else None.
     step_size_schedule : callable, optional
         ``t -> eps_t`` for t = 1, 2, ..., for example :class:`PolynomialStepSize`. Replaces
         ``step_size``; none is applied unless given.
@@ -136,6 +166,14 @@ class SGFS(SubsampleStepBase):
     Warns
     -----
     SubsampleWarning
+        After tuning, when a chain's effective sample size (lag-1 autocorrelation of its own
+        draws, smallest over coordinates: ``sgfs_checks.ChainESS``) is below
+        :data:`~pymc_subsample.step_methods.sgfs_checks.MIN_ESS` (100): at its last draw on
+        PyMC 6, after every 1,000 draws on PyMC 5 (which does not tell a step the number of
+        draws). The message says how many draws would reach it and the knob that mixes
+        faster. From worker processes it reaches the user through the ``warning`` stat, once
+        per run.
+    SubsampleWarning
         At the end of tuning, (1) when the last half of tuning was still far from the mode
         (its mean gradient, whitened by the posterior's curvature, beyond the chi-square(d)
         1 - 1e-6 limit): the draws would still be approaching it; or (2) when the stationary
@@ -149,9 +187,9 @@ class SGFS(SubsampleStepBase):
     Notes
     -----
     The Fisher average and the step counter are per-chain state: they restart for every chain.
-    SGFS contracts towards the mode by about ``2 n / N`` per step at large step size, so it
-    needs of the order of N/n steps per effective sample and a start near the mode, which
-    ``start="reference"`` (the default) gives it.
+    Without the control variate SGFS contracts towards the mode by about ``2 n / N`` per step
+    at large step size, so it needs of the order of N/n steps per effective sample and a start
+    near the mode, which ``start="reference"`` (the default) gives it.
 
     **Stats** recorded for every draw (in ``sample_stats``):
 
@@ -185,6 +223,7 @@ class SGFS(SubsampleStepBase):
         step_size_schedule: Callable[[int], float] | None = None,
         adapt_fisher: str = "tune",
         start: str = "reference",
+        control_variate: str | None = "auto",
         reference_point: Any = None,
         obs_dim: str | None = None,
         model: pm.Model | None = None,
@@ -192,7 +231,7 @@ class SGFS(SubsampleStepBase):
         compile_kwargs: dict[str, Any] | None = None,
         blocked: bool = True,
     ) -> None:
-        self._given_step_size = _check_step_size(step_size, step_size_schedule)
+        self._given_step_size = check_step_size(step_size, step_size_schedule)
         self.step_size_schedule = step_size_schedule
         self.diagonal = _check_choice("fisher", fisher, ("full", "diagonal")) == "diagonal"
         self.adapt_always = (
@@ -202,6 +241,12 @@ class SGFS(SubsampleStepBase):
         if reference_point is not None and self.start != "reference":
             raise ValueError("reference_point is where chains start: pass start='reference'.")
         self._reference_point = reference_point
+        control = _check_choice("control_variate", control_variate, ("auto", None, "taylor1"))
+        if control == "taylor1" and self.start != "reference":
+            raise ValueError(
+                "control_variate='taylor1' expands at the reference point: pass "
+                "start='reference' (the default)."
+            )
         super().__init__(
             vars,
             batch_size=batch_size,
@@ -217,17 +262,47 @@ class SGFS(SubsampleStepBase):
                 f"batch_size={self.batch_size} is larger than the N={self.n_rows} rows; "
                 "use at most N (and more than about 100 for the CLT behind SGFS)."
             )
-        self.preconditioner = _check_preconditioner(
+        self.preconditioner = check_preconditioner(
             preconditioner, self.oracles.n_params, self.diagonal
         )
         #: Why the chains do not start at the reference point by default ("" if they do).
         self.dropped_default = ""
         self._reference: ReferenceFisher | None = None
+        others = self.oracles.other_variables_in_rows
+        if control == "taylor1" and others:
+            raise ValueError(
+                f"control_variate='taylor1': the likelihood also reads {', '.join(others)}, "
+                "which another step samples, and the control variate's full sum at the "
+                "reference holds them fixed. Give this step those variables too (vars=None), or "
+                "pass control_variate=None."
+            )
+        # "auto": the control variate with its own step size and full B, unless one is given
+        # (the paper's parametrisation, where a large eps is the BvM regime), SGFS-d (a diagonal
+        # M on correlated scores would over-step) or another step moves what the rows read.
+        given = self.diagonal or not (step_size is None and step_size_schedule is None)
+        given = given or preconditioner is not None
         if self.start == "reference":
             self._reference = self._find_reference()
+        if self._reference is None and control == "taylor1":
+            raise ValueError(
+                "control_variate='taylor1' needs a reference point, and the search for one "
+                f"failed: {self.dropped_default}. Pass reference_point=, or control_variate=None."
+            )
+        #: Whether the gradient carries the first-order control variate at the reference.
+        self.control = self._reference is not None and (
+            control == "taylor1" or (control == "auto" and not (given or others))
+        )
+        #: ``sum_i g_i(q*)`` over all N rows at the reference (the control variate's offset).
+        self._score_sum = self._reference_score_sum() if self.control else None
         self.step_size = self._given_step_size
         if step_size is None and step_size_schedule is None:
-            self.step_size = INITIAL_STEP_SIZE if self._reference is None else REFERENCE_STEP_SIZE
+            self.step_size = (
+                INITIAL_STEP_SIZE
+                if self._reference is None
+                else CONTROL_STEP_SIZE
+                if self.control
+                else REFERENCE_STEP_SIZE
+            )
         # Score covariances of the tuning draws, summed in blocks: the spread check reads the
         # last half of them at the end of tuning.
         self._score_blocks: list[np.ndarray] = []
@@ -238,12 +313,16 @@ class SGFS(SubsampleStepBase):
         self.tune = True
         self.fisher: np.ndarray | None = None
         self.fisher_count = 0
+        #: Online average of the control variate's differences' covariance (eq. 12's kappa).
+        self.noise: np.ndarray | None = None
+        self.noise_count = 0
         self.step_count = 0
+        self._ess = ChainESS()
         self._start_near_reference = False
-        # Factorisations of M and B for (the Fisher array object, step size): reused while
-        # both stay the same (after tuning, at a fixed step size). Every Fisher update and
+        # Factorisations of M and B for (the Fisher and noise array objects, step size): reused
+        # while they stay the same (after tuning, at a fixed step size). Every update and
         # every state restore makes a new array, so identity is a safe key.
-        self._factors: tuple[np.ndarray, float, SGFSFactors] | None = None
+        self._factors: tuple[np.ndarray, np.ndarray | None, float, SGFSFactors] | None = None
 
     def _find_reference(self) -> ReferenceFisher | None:
         """Find the reference point and the Fisher information there; None (and why) if not."""
@@ -263,16 +342,24 @@ class SGFS(SubsampleStepBase):
             hessian_sum = None  # measuring it would cost a data pass: N J stands in
         return reference_fisher(self.oracles, q_ref, self.batch_size, self.diagonal, hessian_sum)
 
+    def _reference_score_sum(self) -> np.ndarray:
+        assert self._reference is not None
+        return reference_score_sum(self.oracles, self._reference.q)
+
     def _rebuild_for_data(self) -> None:
         # The cached factorisations hold N (pm.set_data to another number of rows), and the
-        # reference point and its Fisher information are those of the old data.
+        # reference point, its Fisher information and score sum are those of the old data.
         self._factors = None
         if self._reference is not None:
             self._reference = self._find_reference()
+            if self.control and self._reference is not None:
+                self._score_sum = self._reference_score_sum()
+            self.control = self.control and self._reference is not None
 
     def reset_tuning(self) -> None:
-        """Restart the Fisher average (at the reference's, if any) and the step counter."""
+        """Restart the Fisher and noise averages (at the reference's, if any) and counters."""
         self.fisher, self.fisher_count, self.step_count = None, 0, 0
+        self.noise, self.noise_count = None, 0
         if self._reference is not None:
             self.fisher = self._reference.fisher
             self.fisher_count = self._reference.weight
@@ -280,112 +367,13 @@ class SGFS(SubsampleStepBase):
         self._factors = None
         self._score_blocks = []
         self._tune_count = 0
+        self._ess.reset(self._chain_draws)
 
     def stop_tuning(self) -> None:
         """End tuning; warn if the stationary spread predicted from it is off (class docs)."""
         if self.tune:
-            self._check_spread()
+            check_spread(self)
         super().stop_tuning()
-
-    def _check_spread(self) -> None:
-        blocks = self._score_blocks[len(self._score_blocks) // 2 :]
-        if self.fisher is None or not blocks:
-            return
-        total = np.sum(blocks, axis=0)
-        count = float(total[-1, 0])
-        scores, force = total[:-2] / count, total[-2] / count
-        step_size = self._step_size(max(self.step_count, 1))
-        precision = self._posterior_precision(scores)
-        try:
-            predicted = stationary_covariance(
-                self.fisher,
-                scores,
-                self.n_rows,
-                self.batch_size,
-                step_size,
-                self.preconditioner,
-                precision,
-            )
-            ratios = stationary_sd_ratios(predicted, precision)
-        except np.linalg.LinAlgError:
-            return  # a singular score covariance: the Fisher check of the factors says so
-        self.predicted_sd_ratios = ratios
-        if self._warn_if_far(force, precision, count, scores, step_size):
-            return
-        if 1.0 / SPREAD_TOLERANCE <= ratios[0] and ratios[1] <= SPREAD_TOLERANCE:
-            return
-        advice = "lower step_size"
-        within = largest_step_size_within(
-            SPREAD_TOLERANCE,
-            step_size,
-            self.fisher,
-            scores,
-            self.n_rows,
-            self.batch_size,
-            self.preconditioner,
-            precision,
-        )
-        if within is not None:
-            slower = (1.0 + 4.0 / within) / (1.0 + 4.0 / step_size)
-            advice = (
-                f"step_size={within:.3g} brings it within {SPREAD_TOLERANCE - 1:.0%} "
-                f"(mixing about {slower:.2g}x slower)"
-            )
-        start = (
-            "start='reference' (the default) so that the average begins near the mode"
-            if self._reference is None
-            else "fisher='full'"
-            if self.diagonal
-            else "more tuning draws"
-        )
-        warn_user(
-            "SGFS's stationary sds are predicted to be "
-            f"{ratios[0]:.2f}x to {ratios[1]:.2f}x the posterior's (Gaussian at the mode) over "
-            "directions: its noise correction gamma N I_hat (Ahn et al. 2012, eq. 8) assumes "
-            "the Fisher average I_hat equals the covariance of the scores, and over the last "
-            f"half of tuning it did not. Use {start}, or {advice}."
-        )
-
-    def _warn_if_far(
-        self,
-        force: np.ndarray,
-        precision: np.ndarray,
-        count: float,
-        scores: np.ndarray,
-        step_size: float,
-    ) -> bool:
-        """Warn (and return True) if the last half of tuning was still far from the mode.
-
-        Near the mode the force of eq. 11 (without its noise) is ``-P (q - q0) + phi`` with
-        ``P`` the posterior precision (the reference's curvature, else ``N J``) and ``phi`` the
-        minibatch noise, of covariance ``N^2 J / n`` (eq. 6). Its
-        mean over the ``T`` steps of the window, ``f``, estimates ``-P (q_bar - q0)``:
-        ``f^T P^-1 f / (1 + N / (n T))`` is then at most about chi-square(d) for a stationary
-        chain (``q_bar`` is no farther from the mode than a draw, and the noise's mean adds
-        ``N / (n T)`` per dimension), far more for a chain still approaching the mode, whose
-        draws are then spread along its path (``start="initial"`` on a linear regression:
-        sds up to 15x too wide) or stuck (a tiny step size).
-        """
-        # The noise's mean adds N / (n T) per dimension when P = N J, up to the largest
-        # eigenvalue of P^-1 N J times that when the curvature was measured apart.
-        excess = float(
-            np.linalg.eigvals(np.linalg.solve(precision, self.n_rows * scores)).real.max()
-        )
-        noise_share = 1.0 + self.n_rows / (self.batch_size * count) * max(excess, 1.0)
-        distance_sq = float(force @ np.linalg.solve(precision, force)) / noise_share
-        if distance_sq <= mahalanobis_limit(force.size):
-            return False
-        per_sample = self.n_rows / self.batch_size * (1.0 + 4.0 / step_size)
-        warn_user(
-            "SGFS had not reached its stationary distribution when tuning ended: over the last "
-            f"half of tuning the chain was about {np.sqrt(distance_sq):.3g} posterior sds from "
-            "the mode (by its mean gradient and the posterior's curvature), where a stationary "
-            "chain is a few; its draws will still be approaching the mode. "
-            + ("Use start='reference' (the default), or " if self._reference is None else "Use ")
-            + f"more tuning draws (near the mode it needs about {per_sample:.3g} steps per "
-            "effective sample; a larger step_size needs fewer)."
-        )
-        return True
 
     def _posterior_precision(self, scores: np.ndarray) -> np.ndarray:
         """Return the log posterior's curvature at the reference if measured, else ``N J``."""
@@ -402,10 +390,20 @@ class SGFS(SubsampleStepBase):
     def _current_factors(self, step_size: float) -> SGFSFactors:
         assert self.fisher is not None
         cached = self._factors
-        if cached is None or cached[0] is not self.fisher or cached[1] != step_size:
+        if (
+            cached is None
+            or cached[0] is not self.fisher
+            or cached[1] is not self.noise
+            or cached[2] != step_size
+        ):
             try:
                 factors = sgfs_factors(
-                    self.fisher, self.n_rows, self.batch_size, step_size, self.preconditioner
+                    self.fisher,
+                    self.n_rows,
+                    self.batch_size,
+                    step_size,
+                    self.preconditioner,
+                    self._noise_in_m(),
                 )
             except np.linalg.LinAlgError as error:
                 raise ValueError(
@@ -414,8 +412,17 @@ class SGFS(SubsampleStepBase):
                     "step) and batch_size must exceed the number of parameters; or use "
                     "fisher='diagonal'."
                 ) from error
-            cached = self._factors = (self.fisher, step_size, factors)
-        return cached[2]
+            cached = self._factors = (self.fisher, self.noise, step_size, factors)
+        return cached[3]
+
+    def _noise_in_m(self) -> np.ndarray | None:
+        """``V_hat`` in ``M`` with the control variate (zero before its first batch), else None."""
+        if not self.control:
+            return None
+        if self.noise is None:
+            assert self.fisher is not None
+            return np.zeros_like(self.fisher)
+        return self.noise
 
     def astep(self, q0: RaveledVars) -> tuple[RaveledVars, list[dict[str, Any]]]:
         """One SGFS update on a fresh minibatch."""
@@ -432,7 +439,8 @@ class SGFS(SubsampleStepBase):
         scores = self.oracles.score_rows(q, rows)
         # The full covariance of the scores: the spread check's during tuning, SGFS-f's Fisher.
         covariance = empirical_fisher(scores, diagonal=False) if self.tune else None
-        if self.fisher is None or self.tune or self.adapt_always:
+        adapt = self.fisher is None or self.tune or self.adapt_always
+        if adapt:
             self.fisher_count += 1
             batch_fisher = (
                 covariance
@@ -440,12 +448,33 @@ class SGFS(SubsampleStepBase):
                 else empirical_fisher(scores, self.diagonal)
             )
             self.fisher = update_fisher_average(self.fisher, batch_fisher, self.fisher_count)
+        offset, differences, noise_covariance = None, scores, None
+        if self.control:
+            # The first-order control variate: what the minibatch averages is g_i(q) - g_i(q*),
+            # the full sum at q* is added back; its covariance V enters M (eq. 8 with this noise).
+            assert self._reference is not None
+            differences = scores - self.oracles.score_rows(self._reference.q, rows)
+            offset = self._score_sum
+            noise_covariance = empirical_fisher(differences, diagonal=False) if self.tune else None
+            if adapt or self.noise is None:
+                self.noise_count += 1
+                batch_noise = (
+                    noise_covariance
+                    if noise_covariance is not None and not self.diagonal
+                    else empirical_fisher(differences, self.diagonal)
+                )
+                self.noise = update_fisher_average(self.noise, batch_noise, self.noise_count)
         factors = self._current_factors(step_size)
         prior_grad = self.oracles.log_prior_grad(q)
         if covariance is not None:
-            self._record_tuning(covariance, prior_grad + self.n_rows * scores.mean(axis=0))
-        q_new = sgfs_step(self.rng, q, prior_grad, scores, self.n_rows, factors)
+            force = prior_grad + self.n_rows * differences.mean(axis=0)
+            if offset is not None:
+                force = force + offset
+            self._record_tuning(covariance, noise_covariance, force)
+        q_new = sgfs_step(self.rng, q, prior_grad, differences, self.n_rows, factors, offset)
         finite = bool(np.all(np.isfinite(q_new)))
+        if not self.tune and self._ess.record(q_new if finite else q):
+            check_chain_ess(self)
         stats = {
             "n_data": self.batch_size,
             "step_size": step_size,
@@ -454,47 +483,18 @@ class SGFS(SubsampleStepBase):
         }
         return RaveledVars(q_new if finite else q, q0.point_map_info), [stats]
 
-    def _record_tuning(self, covariance: np.ndarray, force: np.ndarray) -> None:
-        # Per block: the summed score covariances (d rows), the summed forces and the count.
+    def _record_tuning(
+        self, covariance: np.ndarray, noise_covariance: np.ndarray | None, force: np.ndarray
+    ) -> None:
+        # Per block: the summed score covariances (d rows), the control variate's differences'
+        # (d rows, zero without it), the summed forces and the count.
+        d = covariance.shape[0]
         if self._tune_count % _SPREAD_BLOCK == 0:
-            d = covariance.shape[0]
-            self._score_blocks.append(np.zeros((d + 2, d)))
+            self._score_blocks.append(np.zeros((2 * d + 2, d)))
         block = self._score_blocks[-1]
-        block[:-2] += covariance
+        block[:d] += covariance
+        if noise_covariance is not None:
+            block[d : 2 * d] += noise_covariance
         block[-2] += force
         block[-1] += 1.0
         self._tune_count += 1
-
-
-def _check_step_size(step_size: float | None, schedule: Callable[[int], float] | None) -> float:
-    if schedule is not None:
-        if step_size is not None:
-            raise ValueError("Give step_size or step_size_schedule, not both.")
-        if not callable(schedule):
-            raise TypeError("step_size_schedule must be a callable t -> step size.")
-        return math.nan
-    value = 1.0 if step_size is None else float(step_size)
-    if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"step_size must be a positive finite number, got {step_size!r}.")
-    return value
-
-
-def _check_preconditioner(
-    preconditioner: ArrayLike | None, n_params: int, diagonal: bool
-) -> np.ndarray | None:
-    if preconditioner is None:
-        return None
-    matrix = np.asarray(preconditioner, dtype=float)
-    expected = (n_params,) if diagonal else (n_params, n_params)
-    if matrix.shape != expected:
-        raise ValueError(
-            f"preconditioner must have shape {expected} for fisher="
-            f"{'diagonal' if diagonal else 'full'} and {n_params} parameters, got {matrix.shape}."
-        )
-    if diagonal:
-        if not np.all(matrix > 0):
-            raise ValueError("preconditioner must hold positive values for fisher='diagonal'.")
-        return matrix
-    if not np.allclose(matrix, matrix.T) or np.any(np.linalg.eigvalsh(matrix) <= 0):
-        raise ValueError("preconditioner must be symmetric positive definite (SPD).")
-    return matrix

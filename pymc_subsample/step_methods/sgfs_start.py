@@ -21,7 +21,7 @@ from pymc_subsample.kernels.row_sampler import RowSampler
 from pymc_subsample.kernels.sgfs import empirical_fisher
 from pymc_subsample.model.oracles import ModelOracles
 
-__all__ = ["FISHER_ROWS", "ReferenceFisher", "reference_fisher"]
+__all__ = ["FISHER_ROWS", "ReferenceFisher", "reference_fisher", "reference_score_sum"]
 
 #: Rows whose scores give the Fisher information at the reference (all rows when fewer).
 FISHER_ROWS = 10_000
@@ -113,3 +113,17 @@ def reference_fisher(
         factor=cholesky(precision, lower=True),
         precision=curvature,
     )
+
+
+def reference_score_sum(oracles: ModelOracles, q_ref: np.ndarray) -> np.ndarray:
+    """``sum_i g_i(q_ref)`` over all N rows: the offset of SGFS's first-order control variate.
+
+    One pass over the data, once per model and data, in chunks of rows through the per-row
+    gradient the step compiles anyway (no other function to compile); the draws then read
+    ``batch_size`` rows each.
+    """
+    total = np.zeros(q_ref.size)
+    for start in range(0, oracles.n_rows, _CHUNK):
+        rows = np.arange(start, min(start + _CHUNK, oracles.n_rows), dtype="int64")
+        total += oracles.score_rows(q_ref, rows).sum(axis=0)
+    return total
