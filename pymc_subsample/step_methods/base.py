@@ -37,6 +37,7 @@ from pymc_subsample.step_methods.acceptance_tests import (
     StatSpec,
     setting_parameters,
 )
+from pymc_subsample.step_methods.contracts import ProposalKernel
 from pymc_subsample.step_methods.control import (
     CONTROL_VARIATES,
     ControlVariate,
@@ -56,12 +57,7 @@ from pymc_subsample.step_methods.defaults import (
 from pymc_subsample.step_methods.diagnostics import ChainDiagnostics
 from pymc_subsample.step_methods.fused_path import FusedDraw, fused_obstacle, seed_fused_draws
 from pymc_subsample.step_methods.progress import make_progressbar_updaters, progressbar_config
-from pymc_subsample.step_methods.proposal_parts import (
-    PROPOSAL_PARTS,
-    ProposalKernel,
-    ProposalPart,
-    proposal_names,
-)
+from pymc_subsample.step_methods.proposal_parts import PROPOSAL_PARTS, ProposalPart, proposal_names
 from pymc_subsample.step_methods.proposal_parts.hamiltonian import HamiltonianPart
 from pymc_subsample.step_methods.proposal_parts.user import USER_PROPOSAL, user_part
 from pymc_subsample.step_methods.warning_relay import (

@@ -35,7 +35,7 @@ from pymc_subsample.step_methods.proposal_parts.independent import IndependentPa
 from pymc_subsample.step_methods.proposal_parts.random_walk import RandomWalkPart
 
 if TYPE_CHECKING:
-    from pymc_subsample.step_methods.base import SubsampleMH
+    from pymc_subsample.step_methods.contracts import StepView
 
 __all__ = ["FUSED_PROPOSALS", "FusedDraw", "fused_obstacle", "seed_fused_draws"]
 
@@ -45,10 +45,13 @@ DRIVER_VERSION = 3
 
 #: The proposal parts the fused draw compiles (``kernels/fused.propose``), by their exact class:
 #: a part derived from one of them may propose its own way, and runs in Python.
-FUSED_PROPOSALS = {RandomWalkPart: fused.RANDOM_WALK, IndependentPart: fused.INDEPENDENT}
+FUSED_PROPOSALS: dict[type, int] = {
+    RandomWalkPart: fused.RANDOM_WALK,
+    IndependentPart: fused.INDEPENDENT,
+}
 
 
-def fused_obstacle(step: SubsampleMH) -> str | None:
+def fused_obstacle(step: StepView) -> str | None:
     """Why ``step``'s draws cannot run as one compiled call; None if they can."""
     if type(step.proposal_part) not in FUSED_PROPOSALS:
         return f"the {step.proposal_kind} proposal runs in Python"
@@ -67,7 +70,7 @@ class FusedDraw:
 
     Parameters
     ----------
-    step : SubsampleMH
+    step : StepView
         The step whose proposal, control variate, test and rows the draw uses; it must have
         no :func:`fused_obstacle`. What the step changes between draws (the proposal after
         re-centring, the control variate and the row sampler after ``pm.set_data``) is read
@@ -79,7 +82,7 @@ class FusedDraw:
         If PyTensor's Numba backend cannot compile the model's functions.
     """
 
-    def __init__(self, step: SubsampleMH) -> None:
+    def __init__(self, step: StepView) -> None:
         self._step = step
         self._key: tuple[Any, ...] = ()
         self._driver: Callable[..., Any] | None = None

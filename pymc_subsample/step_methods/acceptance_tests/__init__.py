@@ -19,52 +19,21 @@ from __future__ import annotations
 import inspect
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 from pymc.step_methods.metropolis import tune as tune_scaling
 
-from pymc_subsample.kernels.correction import CorrectionDistribution
-
 if TYPE_CHECKING:
-    from pymc_subsample.step_methods.base import SubsampleMH
+    from pymc_subsample.step_methods.contracts import FusedTest, StepView, TestDecision
 
-__all__ = ["REQUIRED_FIELDS", "AcceptanceTest", "FusedTest", "TestDecision"]
+__all__ = ["REQUIRED_FIELDS", "AcceptanceTest"]
 
 #: Fields every decision has: the step reads them to tune, report cost and warn.
 REQUIRED_FIELDS = ("accepted", "n_data", "full_data", "delta_star", "residual_kurtosis")
 
 #: dtype and shape of one stat, as PyMC's ``stats_dtypes_shapes`` has them.
 StatSpec = tuple[type, list[int]]
-
-
-class TestDecision(Protocol):
-    """What a test returns: a NamedTuple of stats, with at least :data:`REQUIRED_FIELDS`."""
-
-    @property
-    def accepted(self) -> bool:
-        """Whether the proposal was accepted."""
-
-    @property
-    def delta_star(self) -> float:
-        """The estimate of the log acceptance ratio the decision was made on."""
-
-    @property
-    def full_data(self) -> bool:
-        """Whether the test read every row (then it was exact)."""
-
-    def _asdict(self) -> dict[str, Any]: ...
-
-
-class FusedTest(NamedTuple):
-    """A test as the fused draw runs it (``kernels/fused.py``): only the package's own tests."""
-
-    #: ``kernels.fused.AUSTERITY`` or ``kernels.fused.BARKER``.
-    kind: int
-    #: The t-test's error tolerance, or one per stage (unused by Barker).
-    error_tolerance: float | np.ndarray
-    #: Barker's correction distribution (None for the t-test).
-    correction: CorrectionDistribution | None
 
 
 class AcceptanceTest(ABC):
@@ -110,7 +79,7 @@ class AcceptanceTest(ABC):
     @abstractmethod
     def decide(
         self,
-        step: SubsampleMH,
+        step: StepView,
         log_ratio_rows: Callable[[np.ndarray], np.ndarray],
         log_prior_proposal_ratio: float,
     ) -> TestDecision:
@@ -118,7 +87,7 @@ class AcceptanceTest(ABC):
 
         Parameters
         ----------
-        step : SubsampleMH
+        step : StepView
             The step: its ``rng``, ``row_sampler`` (rows without replacement within a test;
             call ``start_test()`` first), ``batch_size``, ``temperature`` and ``n_rows``.
         log_ratio_rows : callable
@@ -137,27 +106,27 @@ class AcceptanceTest(ABC):
             exactly when they were all N.
         """
 
-    def exact(self, step: SubsampleMH) -> bool:
+    def exact(self, step: StepView) -> bool:
         """Whether every decision reads all rows by request (no fallback warning then)."""
         return False
 
-    def prepare(self, step: SubsampleMH) -> None:  # noqa: B027 (a hook: nothing by default)
+    def prepare(self, step: StepView) -> None:  # noqa: B027 (a hook: nothing by default)
         """Fit the test to the step's rows, once its batch is resolved and after new data."""
 
-    def start_chain(self, step: SubsampleMH, tune: bool) -> None:  # noqa: B027 (a hook: nothing by default)
+    def start_chain(self, step: StepView, tune: bool) -> None:  # noqa: B027 (a hook: nothing by default)
         """Start a chain (``tune``: whether it tunes first)."""
 
-    def record_tuning_state(self, step: SubsampleMH, q: np.ndarray) -> None:  # noqa: B027 (a hook: nothing by default)
+    def record_tuning_state(self, step: StepView, q: np.ndarray) -> None:  # noqa: B027 (a hook: nothing by default)
         """See the chain's point after a tuning draw."""
 
-    def stop_tuning(self, step: SubsampleMH) -> None:  # noqa: B027 (a hook: nothing by default)
+    def stop_tuning(self, step: StepView) -> None:  # noqa: B027 (a hook: nothing by default)
         """Tuning has ended: fix what the test adapts."""
 
-    def setting_values(self, step: SubsampleMH) -> dict[str, Any]:
+    def setting_values(self, step: StepView) -> dict[str, Any]:
         """Return the values of :attr:`setting_stats` for this draw."""
         return {}
 
-    def fused(self, step: SubsampleMH) -> FusedTest | None:
+    def fused(self, step: StepView) -> FusedTest | None:
         """Return the test as the fused draw runs it, or None to run it in Python."""
         return None
 

@@ -10,15 +10,11 @@ import numpy as np
 from pymc_subsample.kernels import fused as fused_kernels
 from pymc_subsample.kernels.barker import BarkerDecision, minibatch_barker_test
 from pymc_subsample.kernels.correction import MAX_SIGMA, correction_distribution
-from pymc_subsample.step_methods.acceptance_tests import (
-    AcceptanceTest,
-    FusedTest,
-    StatSpec,
-    TestDecision,
-)
+from pymc_subsample.step_methods.acceptance_tests import AcceptanceTest, StatSpec
+from pymc_subsample.step_methods.contracts import FusedTest
 
 if TYPE_CHECKING:
-    from pymc_subsample.step_methods.base import SubsampleMH
+    from pymc_subsample.step_methods.contracts import StepView, TestDecision
 
 __all__ = ["BarkerTest", "barker_tune"]
 
@@ -82,7 +78,7 @@ class BarkerTest(AcceptanceTest):
         #: X_corr for sigma = correction_sd (``kernels/correction.py``), computed once per sigma.
         self.correction = correction_distribution(_check_correction_sd(correction_sd))
 
-    def fused(self, step: SubsampleMH) -> FusedTest | None:
+    def fused(self, step: StepView) -> FusedTest | None:
         """Return the Barker test with its correction; with ``error_bound``, None (Python)."""
         if self.error_bound is not None:
             return None
@@ -102,7 +98,7 @@ class BarkerTest(AcceptanceTest):
 
     def decide(
         self,
-        step: SubsampleMH,
+        step: StepView,
         log_ratio_rows: Callable[[np.ndarray], np.ndarray],
         log_prior_proposal_ratio: float,
     ) -> BarkerDecision:

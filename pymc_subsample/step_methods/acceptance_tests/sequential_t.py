@@ -23,11 +23,12 @@ from pymc_subsample.kernels.test_design import (
     SequentialDesign,
     design_test,
 )
-from pymc_subsample.step_methods.acceptance_tests import AcceptanceTest, FusedTest, StatSpec
+from pymc_subsample.step_methods.acceptance_tests import AcceptanceTest, StatSpec
+from pymc_subsample.step_methods.contracts import FusedTest
 from pymc_subsample.warnings import warn_user
 
 if TYPE_CHECKING:
-    from pymc_subsample.step_methods.base import SubsampleMH
+    from pymc_subsample.step_methods.contracts import StepView
 
 __all__ = ["DEFAULT_ERROR_TOLERANCE", "SequentialTTest"]
 
@@ -99,17 +100,17 @@ class SequentialTTest(AcceptanceTest):
         request = self.requested
         return isinstance(request, OptimalDesign) and request.kind == "average"
 
-    def exact(self, step: SubsampleMH) -> bool:
+    def exact(self, step: StepView) -> bool:
         """Tolerance 0, or a first batch of all rows: exact MH, every row read by request."""
         return self.error_tolerance == 0.0 or step.batch_size >= step.n_rows
 
-    def fused(self, step: SubsampleMH) -> FusedTest | None:
+    def fused(self, step: StepView) -> FusedTest | None:
         """Return the sequential t-test with its epsilon; the exact test runs in Python."""
         if self.exact(step):
             return None
         return FusedTest(fused_kernels.AUSTERITY, self._tolerances(step), None)
 
-    def prepare(self, step: SubsampleMH) -> None:
+    def prepare(self, step: StepView) -> None:
         """Take a fixed design, or find the worst-case optimal design (eq. 8), for this N."""
         if self.design is None:  # the step's own batch (a design replaces it)
             self._tuning_batch = step.batch_size
@@ -119,7 +120,7 @@ class SequentialTTest(AcceptanceTest):
         elif self.design is not None:  # a fixed design, or an average one before new data
             self._use(step, self.design)
 
-    def start_chain(self, step: SubsampleMH, tune: bool) -> None:
+    def start_chain(self, step: StepView, tune: bool) -> None:
         """Forget an average design: each chain finds its own from its tuning (eq. 7)."""
         if not self._designs_from_tuning:
             return
@@ -127,14 +128,14 @@ class SequentialTTest(AcceptanceTest):
         self.design, self.choice, self._stage_tolerances = None, None, None
         step.batch_size = self._tuning_batch
 
-    def record_tuning_state(self, step: SubsampleMH, q: np.ndarray) -> None:
+    def record_tuning_state(self, step: StepView, q: np.ndarray) -> None:
         """Keep the last ``n_proposals`` tuning points, where the design's proposals start."""
         if self._designs_from_tuning:
             assert isinstance(self.requested, OptimalDesign)
             self._tuning_states.append(q.copy())
             del self._tuning_states[: -self.requested.n_proposals]
 
-    def stop_tuning(self, step: SubsampleMH) -> None:
+    def stop_tuning(self, step: StepView) -> None:
         """Find the average design from the proposals of the last tuning points (eq. 7)."""
         if not self._designs_from_tuning or self.choice:
             return
@@ -149,7 +150,7 @@ class SequentialTTest(AcceptanceTest):
             return
         self._adopt(step, self._design(step, self._proposal_sample(step)))
 
-    def setting_values(self, step: SubsampleMH) -> dict[str, Any]:
+    def setting_values(self, step: StepView) -> dict[str, Any]:
         """Return the first stage's tolerance and the design's predicted rows and error."""
         choice = self.choice
         return {
@@ -158,12 +159,12 @@ class SequentialTTest(AcceptanceTest):
             "design_error": math.nan if choice is None else choice.predicted_error,
         }
 
-    def _tolerances(self, step: SubsampleMH) -> float | np.ndarray:
+    def _tolerances(self, step: StepView) -> float | np.ndarray:
         if self._stage_tolerances is None:
             return self.error_tolerance
         return self._stage_tolerances
 
-    def _design(self, step: SubsampleMH, sample: ProposalSample | None) -> DesignChoice:
+    def _design(self, step: StepView, sample: ProposalSample | None) -> DesignChoice:
         request = self.requested
         assert isinstance(request, OptimalDesign)
         return design_test(
@@ -174,16 +175,16 @@ class SequentialTTest(AcceptanceTest):
             shapes=request.shapes,
         )
 
-    def _adopt(self, step: SubsampleMH, choice: DesignChoice) -> None:
+    def _adopt(self, step: StepView, choice: DesignChoice) -> None:
         self.choice = choice
         self._use(step, choice.design)
 
-    def _use(self, step: SubsampleMH, design: SequentialDesign) -> None:
+    def _use(self, step: StepView, design: SequentialDesign) -> None:
         self.design = design
         self._stage_tolerances = design.stage_tolerances(step.n_rows)
         step.batch_size = design.batch_size
 
-    def _proposal_sample(self, step: SubsampleMH) -> ProposalSample:
+    def _proposal_sample(self, step: StepView) -> ProposalSample:
         """``(mu, sigma_l)`` of a proposal from each kept tuning point (section 5.2).
 
         Each proposal's ``mu`` and ``sigma_l`` are the mean and sd of its ``l_i`` (with a
@@ -225,7 +226,7 @@ class SequentialTTest(AcceptanceTest):
 
     def decide(
         self,
-        step: SubsampleMH,
+        step: StepView,
         log_ratio_rows: Callable[[np.ndarray], np.ndarray],
         log_prior_proposal_ratio: float,
     ) -> AusterityDecision:

@@ -1,6 +1,6 @@
 """The proposal of a Metropolis-Hastings step, as a part registered by name.
 
-A step (:class:`~pymc_subsample.step_methods.base.SubsampleMH`) looks its
+A step (:class:`~pymc_subsample.SubsampleMH`) looks its
 ``proposal=`` argument up in :data:`PROPOSAL_PARTS` and keeps one instance of the part for its
 life: the part says what the proposal needs from the model (per-row gradients, a control
 variate), builds the kernel (``kernels/proposals.py``, ``kernels/trajectory.py``), proposes,
@@ -14,8 +14,7 @@ example of adding one: a module with a :class:`ProposalPart` subclass and one
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -23,21 +22,14 @@ from numpy.typing import ArrayLike
 from pymc_subsample.kernels.trajectory import TrajectoryInfo
 
 if TYPE_CHECKING:
-    from pymc_subsample.step_methods.acceptance_tests import TestDecision
-    from pymc_subsample.step_methods.base import SubsampleMH
+    from pymc_subsample.step_methods.contracts import ProposalKernel, StepView, TestDecision
 
 __all__ = [
     "PROPOSAL_PARTS",
-    "ProposalKernel",
     "ProposalPart",
     "proposal_names",
     "register_proposal",
 ]
-
-
-#: A proposal's numerics, ``(rng, q, scaling, ...) -> (q_new, log_proposal_ratio, ...)``: the
-#: classes of ``kernels/proposals.py`` and ``kernels/trajectory.py``, or the user's function.
-ProposalKernel = Callable[..., Any]
 
 
 class ProposalPart:
@@ -69,7 +61,7 @@ class ProposalPart:
         self.proposal_cov = proposal_cov
 
     @classmethod
-    def obstacle(cls, step: SubsampleMH) -> str | None:
+    def obstacle(cls, step: StepView) -> str | None:
         """Why this proposal cannot run on ``step`` (its model, its control variate); or None.
 
         Called once the step's control variate is settled; a step asked for this proposal by
@@ -85,24 +77,24 @@ class ProposalPart:
         """
         return 2.38 / math.sqrt(n_params)
 
-    def build_kernel(self, step: SubsampleMH) -> ProposalKernel:
+    def build_kernel(self, step: StepView) -> ProposalKernel:
         """Return the proposal's kernel for ``step`` with :attr:`proposal_cov`."""
         raise NotImplementedError
 
-    def propose(self, step: SubsampleMH, q: np.ndarray) -> tuple[np.ndarray, float]:
+    def propose(self, step: StepView, q: np.ndarray) -> tuple[np.ndarray, float]:
         """Return ``q'`` and ``log q(q | q') - log q(q' | q)``; the default calls the kernel."""
         return step.proposal(step.rng, q, step.scaling)
 
-    def after_decision(self, step: SubsampleMH, q_next: np.ndarray, decision: TestDecision) -> None:
+    def after_decision(self, step: StepView, q_next: np.ndarray, decision: TestDecision) -> None:
         """Tune from a tuning draw's decision (a part with ``scaling_rule = "part"``)."""
 
-    def reset(self, step: SubsampleMH) -> None:
+    def reset(self, step: StepView) -> None:
         """Return to the state before any tuning, at a chain's start."""
 
-    def stop_tuning(self, step: SubsampleMH) -> None:
+    def stop_tuning(self, step: StepView) -> None:
         """Fix what tuning adapted, at the end of tuning."""
 
-    def gradient_rows(self, step: SubsampleMH) -> int:
+    def gradient_rows(self, step: StepView) -> int:
         """Rows whose gradients the last proposal read (stat ``n_grad_rows``)."""
         return 0
 

@@ -34,8 +34,7 @@ from pymc_subsample.step_methods.proposal_parts import ProposalPart, register_pr
 if TYPE_CHECKING:
     from numpy.typing import ArrayLike
 
-    from pymc_subsample.step_methods.acceptance_tests import TestDecision
-    from pymc_subsample.step_methods.base import SubsampleMH
+    from pymc_subsample.step_methods.contracts import StepView, TestDecision
 
 __all__ = ["MASS_WINDOW_ENDS", "HamiltonianPart"]
 
@@ -76,7 +75,7 @@ class HamiltonianPart(ProposalPart):
         self._rows_needed: list[int] = []
 
     @classmethod
-    def obstacle(cls, step: SubsampleMH) -> str | None:
+    def obstacle(cls, step: StepView) -> str | None:
         """Refuse rows whose gradients are not finite where their log-likelihood is."""
         return gradient_obstacle(step.oracles)
 
@@ -95,11 +94,11 @@ class HamiltonianPart(ProposalPart):
         """The last trajectory's length and whether it diverged."""
         return self._trajectory
 
-    def build_kernel(self, step: SubsampleMH) -> HamiltonianProposal:
+    def build_kernel(self, step: StepView) -> HamiltonianProposal:
         """Return the trajectory kernel with the mass's inverse :attr:`proposal_cov`."""
         return HamiltonianProposal(step.oracles.n_params, self.proposal_cov)
 
-    def propose(self, step: SubsampleMH, q: np.ndarray) -> tuple[np.ndarray, float]:
+    def propose(self, step: StepView, q: np.ndarray) -> tuple[np.ndarray, float]:
         """Run one trajectory of jittered length on a gradient drawn for it."""
         if not (0.0 < step.scaling < math.inf):
             raise RuntimeError(
@@ -113,7 +112,7 @@ class HamiltonianPart(ProposalPart):
         )
         return q_new, log_ratio
 
-    def trajectory_gradient(self, step: SubsampleMH) -> Callable[[np.ndarray], np.ndarray]:
+    def trajectory_gradient(self, step: StepView) -> Callable[[np.ndarray], np.ndarray]:
         """Return the gradient estimate that drives one trajectory, fixed for its whole length.
 
         The exact gradient (all rows, read in place) or a minibatch drawn with replacement,
@@ -136,7 +135,7 @@ class HamiltonianPart(ProposalPart):
             return oracles.gradient_on_rows(None, step.temperature)
         return self._estimate(step, step.rng.integers(0, n_rows, size=n_gradient))
 
-    def _estimate(self, step: SubsampleMH, rows: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
+    def _estimate(self, step: StepView, rows: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
         """Return the gradient estimate from ``rows`` (drawn with replacement)."""
         oracles, temperature = step.oracles, step.temperature
         n_rows = oracles.n_rows
@@ -168,7 +167,7 @@ class HamiltonianPart(ProposalPart):
 
         return first_order
 
-    def trajectory_gradient_rows(self, step: SubsampleMH) -> int:
+    def trajectory_gradient_rows(self, step: StepView) -> int:
         """Rows of each trajectory's gradient: N, or a minibatch sized during tuning.
 
         All N when N is at most ``TRAJECTORY_GRADIENT_ROWS``, and without a control variate at
@@ -181,7 +180,7 @@ class HamiltonianPart(ProposalPart):
             return step.oracles.n_rows
         return max(self._rows_needed) if self._rows_needed else TRAJECTORY_GRADIENT_ROWS
 
-    def _resize(self, step: SubsampleMH, q: np.ndarray) -> None:
+    def _resize(self, step: StepView, q: np.ndarray) -> None:
         """Size the minibatch from the gradient's noise at ``q``, whitened by the mass.
 
         ``NOISE_ESTIMATES`` independent estimates of ``m = TRAJECTORY_MIN_GRADIENT_ROWS`` rows
@@ -211,7 +210,7 @@ class HamiltonianPart(ProposalPart):
             needed = oracles.n_rows
         self._rows_needed = [*self._rows_needed[-1:], needed]
 
-    def gradient_rows(self, step: SubsampleMH) -> int:
+    def gradient_rows(self, step: StepView) -> int:
         """Rows read by the last trajectory's gradients: its rows times the points evaluated."""
         if not step.oracles.rows_depend_on_q:
             return 0
@@ -223,7 +222,7 @@ class HamiltonianPart(ProposalPart):
             n_points = 2 * n_points if step.control.proxy.order == 2 else n_points + 1
         return n_gradient * n_points
 
-    def after_decision(self, step: SubsampleMH, q_next: np.ndarray, decision: TestDecision) -> None:
+    def after_decision(self, step: StepView, q_next: np.ndarray, decision: TestDecision) -> None:
         """Tune the step size by dual averaging and, without a covariance, a diagonal mass.
 
         The step size follows Hoffman and Gelman (2014, section 3.2) on each draw's acceptance
@@ -260,7 +259,7 @@ class HamiltonianPart(ProposalPart):
         if self._tuned in GRADIENT_CHECKPOINTS:
             self._resize(step, q_next)
 
-    def reset(self, step: SubsampleMH) -> None:
+    def reset(self, step: StepView) -> None:
         """Start the step size adaptation from the chain's first step size, the mass anew."""
         self._step_size = start_dual_averaging(step.scaling)
         self._mass_moments = np.zeros((3, step.oracles.n_params))
@@ -270,13 +269,13 @@ class HamiltonianPart(ProposalPart):
         if self.adapts_mass:
             step.proposal = self.build_kernel(step)
 
-    def stop_tuning(self, step: SubsampleMH) -> None:
+    def stop_tuning(self, step: StepView) -> None:
         """Keep the dual averaging's averaged step size from here on."""
         if self._step_size.iteration:
             step.scaling = float(np.exp(self._step_size.log_step_mean))
 
 
-def _whitened(step: SubsampleMH, gradients: np.ndarray) -> np.ndarray:
+def _whitened(step: StepView, gradients: np.ndarray) -> np.ndarray:
     """Gradients (one per row) in the coordinates the mass whitens: ``L^T g``, ``M^-1 = L L^T``."""
     kernel = step.proposal
     assert isinstance(kernel, HamiltonianProposal)
@@ -284,7 +283,7 @@ def _whitened(step: SubsampleMH, gradients: np.ndarray) -> np.ndarray:
     return gradients * factor if factor.ndim == 1 else gradients @ factor
 
 
-def _reads_every_row(step: SubsampleMH) -> bool:
+def _reads_every_row(step: StepView) -> bool:
     """Whether the trajectories' gradient reads all N rows, whatever its noise.
 
     Small data (N at most ``TRAJECTORY_GRADIENT_ROWS``), and no control variate at temperature

@@ -8,7 +8,7 @@ from pymc_subsample.kernels.proposals import IndependentProposal
 from pymc_subsample.step_methods.proposal_parts import ProposalPart, register_proposal
 
 if TYPE_CHECKING:
-    from pymc_subsample.step_methods.base import SubsampleMH
+    from pymc_subsample.step_methods.contracts import StepView
 
 __all__ = ["IndependentPart"]
 
@@ -25,7 +25,7 @@ class IndependentPart(ProposalPart):
     scaling_rule = "none"
 
     @classmethod
-    def obstacle(cls, step: SubsampleMH) -> str | None:
+    def obstacle(cls, step: StepView) -> str | None:
         """Refuse a step without a control variate, whose reference point is the mean."""
         if step.control is not None:
             return None
@@ -36,7 +36,7 @@ class IndependentPart(ProposalPart):
             "control_variate='taylor2' with a reference point"
         )
 
-    def build_kernel(self, step: SubsampleMH) -> IndependentProposal:
+    def build_kernel(self, step: StepView) -> IndependentProposal:
         """Return the Gaussian at the reference point with :attr:`proposal_cov`."""
         control = step.control
         assert control is not None  # obstacle() holds

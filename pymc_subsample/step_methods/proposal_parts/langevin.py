@@ -11,7 +11,7 @@ from pymc_subsample.step_methods.defaults import gradient_obstacle
 from pymc_subsample.step_methods.proposal_parts import ProposalPart, register_proposal
 
 if TYPE_CHECKING:
-    from pymc_subsample.step_methods.base import SubsampleMH
+    from pymc_subsample.step_methods.contracts import StepView
 
 __all__ = ["LangevinPart"]
 
@@ -24,7 +24,7 @@ class LangevinPart(ProposalPart):
     needs_gradients = True
 
     @classmethod
-    def obstacle(cls, step: SubsampleMH) -> str | None:
+    def obstacle(cls, step: StepView) -> str | None:
         """Refuse rows whose gradients are not finite where their log-likelihood is."""
         return gradient_obstacle(step.oracles)
 
@@ -33,11 +33,11 @@ class LangevinPart(ProposalPart):
         """Roberts and Rosenthal (1998): ``1.65 / d^(1/6)`` on the posterior's scale."""
         return 1.65 / n_params ** (1 / 6)
 
-    def build_kernel(self, step: SubsampleMH) -> LangevinProposal:
+    def build_kernel(self, step: StepView) -> LangevinProposal:
         """Return the Langevin proposal preconditioned by :attr:`proposal_cov`."""
         return LangevinProposal(step.oracles.n_params, self.proposal_cov)
 
-    def propose(self, step: SubsampleMH, q: np.ndarray) -> tuple[np.ndarray, float]:
+    def propose(self, step: StepView, q: np.ndarray) -> tuple[np.ndarray, float]:
         """Propose from the gradient of one minibatch drawn for this draw.
 
         Eq. 21 of Korattikara et al. (2016): one minibatch ``X_n``, drawn with replacement
@@ -48,6 +48,6 @@ class LangevinPart(ProposalPart):
         gradient = step.oracles.gradient_on_rows(rows, step.temperature)
         return step.proposal(step.rng, q, step.scaling, gradient)
 
-    def gradient_rows(self, step: SubsampleMH) -> int:
+    def gradient_rows(self, step: StepView) -> int:
         """Return the minibatch's rows times two (gradients at ``q`` and at ``q'``)."""
         return 2 * step.batch_size

@@ -8,7 +8,7 @@ from pymc_subsample.kernels.proposals import RandomWalkProposal
 from pymc_subsample.step_methods.proposal_parts import ProposalPart, register_proposal
 
 if TYPE_CHECKING:
-    from pymc_subsample.step_methods.base import SubsampleMH
+    from pymc_subsample.step_methods.contracts import StepView
 
 __all__ = ["RandomWalkPart"]
 
@@ -22,6 +22,6 @@ class RandomWalkPart(ProposalPart):
 
     name = "random_walk"
 
-    def build_kernel(self, step: SubsampleMH) -> RandomWalkProposal:
+    def build_kernel(self, step: StepView) -> RandomWalkProposal:
         """Return the random walk with :attr:`proposal_cov`."""
         return RandomWalkProposal(step.oracles.n_params, self.proposal_cov)

@@ -8,7 +8,7 @@ from pymc_subsample.kernels.user_proposal import UserProposal
 from pymc_subsample.step_methods.proposal_parts import ProposalPart
 
 if TYPE_CHECKING:
-    from pymc_subsample.step_methods.base import SubsampleMH
+    from pymc_subsample.step_methods.contracts import StepView
 
 __all__ = ["USER_PROPOSAL", "UntunedUserPart", "UserPart", "user_part"]
 
@@ -36,7 +36,7 @@ class UserPart(ProposalPart):
         """1: the function's own spread, as written."""
         return 1.0
 
-    def build_kernel(self, step: SubsampleMH) -> UserProposal:
+    def build_kernel(self, step: StepView) -> UserProposal:
         """Return the wrapped function."""
         return self.kernel
 
