@@ -9,14 +9,13 @@ Use a step with ``pm.sample``::
         idata = pm.sample(step=pms.AusterityMH(error_tolerance=0.01, batch_size=500))
 """
 
+from pymc_subsample.kernels.design_programme import acceptance_error, operating_characteristics
+from pymc_subsample.kernels.design_search import design_test
 from pymc_subsample.kernels.test_design import (
     DesignChoice,
     OptimalDesign,
     ProposalSample,
     SequentialDesign,
-    acceptance_error,
-    design_test,
-    operating_characteristics,
 )
 from pymc_subsample.kernels.user_proposal import ProposalFunction
 from pymc_subsample.plots import plot_data_usage

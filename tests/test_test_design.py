@@ -17,14 +17,10 @@ import pymc as pm
 import pytest
 
 import pymc_subsample as pms
+from pymc_subsample.kernels.design_programme import acceptance_error, operating_characteristics
+from pymc_subsample.kernels.design_search import design_test
 from pymc_subsample.kernels.stages import stage_statistics
-from pymc_subsample.kernels.test_design import (
-    ProposalSample,
-    SequentialDesign,
-    acceptance_error,
-    design_test,
-    operating_characteristics,
-)
+from pymc_subsample.kernels.test_design import ProposalSample, SequentialDesign
 
 N_ROWS = 12_000
 POPULATION = np.random.default_rng(11).standard_normal(N_ROWS)

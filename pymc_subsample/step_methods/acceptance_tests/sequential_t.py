@@ -16,12 +16,12 @@ from pymc_subsample.kernels.austerity import (
     exact_mh_test,
     sequential_mh_test,
 )
+from pymc_subsample.kernels.design_search import design_test
 from pymc_subsample.kernels.test_design import (
     DesignChoice,
     OptimalDesign,
     ProposalSample,
     SequentialDesign,
-    design_test,
 )
 from pymc_subsample.step_methods.acceptance_tests import AcceptanceTest, StatSpec
 from pymc_subsample.step_methods.contracts import FusedTest
