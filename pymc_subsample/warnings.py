@@ -22,6 +22,7 @@ from types import FrameType
 __all__ = [
     "SubsampleWarning",
     "divert_to_outbox",
+    "missing_blas_notice_silenced",
     "numba_fallbacks_silenced",
     "take_outbox",
     "user_frame",
@@ -35,6 +36,10 @@ LIBRARY_PACKAGES = frozenset({"pymc_subsample", "pymc", "pytensor"})
 #: in object mode, bold-faced by Numba's ANSI codes or not: "Numba will use object mode to run
 #: polygamma's perform method", "... falling back to object mode".
 NUMBA_FALLBACK_MESSAGE = r"(\x1b\[1m)*(Numba will use object mode|.*falling back to object mode)"
+
+#: PyTensor's notice, on a pip install (no BLAS to link its C code to), that "operations that
+#: might benefit from BLAS will be severely degraded".
+MISSING_BLAS_MESSAGE = r"PyTensor could not link to a BLAS installation"
 
 #: (topic, message) pairs waiting to be shipped to the parent; None outside worker processes.
 _outbox: list[tuple[str, str]] | None = None
@@ -138,7 +143,39 @@ def numba_fallbacks_silenced() -> Iterator[None]:
     They come from PyTensor's compiler, not from the user's model, and say only that the op is
     slower than compiled code; the row functions are still correct. Every other warning,
     ``SubsampleWarning`` included, passes.
+
+    PyTensor's Numba backend, when first imported, adds filters of its own for Numba warnings
+    it knows to be spurious: "np.dot() is faster on contiguous arrays" on the strided views its
+    ``DimShuffle`` makes (``X @ beta`` becomes ``X @ beta[:, None]``; numba issue 10086).
+    ``catch_warnings`` puts the filter list back as it was when the block ends, which dropped
+    them when the first Numba compile (inside this block) imported the backend: the fused
+    draw's compile then printed that warning. The backend is imported before the block.
     """
+    _import_numba_backend()
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=NUMBA_FALLBACK_MESSAGE)
         yield
+
+
+@contextmanager
+def missing_blas_notice_silenced() -> Iterator[None]:
+    """Ignore, inside the block, PyTensor's notice that it found no BLAS to link its C code to.
+
+    PyTensor checks once per process, at the first compile whose rewrites ask (PyMC 5's C
+    backend, on a pip install), so the notice came from the step's set-up. It is harmless for
+    the package's functions: without BLAS flags PyTensor keeps its BLAS ops (``Gemv``, ``Dot``)
+    as Python ops, whose ``perform`` calls SciPy's or NumPy's BLAS, and the fused draw is Numba
+    code, which calls SciPy's. Only this notice, by its message and category, is ignored, and
+    only while the package compiles its own functions.
+    """
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=MISSING_BLAS_MESSAGE, category=UserWarning)
+        yield
+
+
+def _import_numba_backend() -> None:
+    """Import PyTensor's Numba backend (once; then a dictionary look-up), so its filters stay."""
+    try:
+        import pytensor.link.numba.dispatch.basic  # noqa: F401
+    except ImportError:  # pragma: no cover - a PyTensor without its Numba backend
+        pass

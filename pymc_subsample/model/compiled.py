@@ -21,7 +21,7 @@ from pymc.pytensorf import compile as compile_pytensor
 from pytensor import config
 from pytensor.graph.basic import Variable
 
-from pymc_subsample.warnings import numba_fallbacks_silenced
+from pymc_subsample.warnings import missing_blas_notice_silenced, numba_fallbacks_silenced
 
 __all__ = [
     "GraphBuilder",
@@ -165,7 +165,7 @@ def compile_function(
     """Compile with PyMC's defaults; inputs need not be used, and are trusted (no checks)."""
     # Unused inputs are expected: a step over hyperparameters that only the prior sees has row
     # terms that do not depend on its point (their differences are then exactly 0).
-    with numba_fallbacks_silenced():
+    with numba_fallbacks_silenced(), missing_blas_notice_silenced():
         function = compile_pytensor(
             inputs, outputs, **{"on_unused_input": "ignore", **compile_kwargs}
         )
