@@ -264,9 +264,9 @@ def test_nan_proposals_are_rejected_and_counted(make_step, min_flagged):
 
 
 def test_progress_bar_shows_running_mean_rows_per_draw():
-    columns, stats = pms.AusterityMH._progressbar_config(n_chains=2)
+    columns, stats = pms.AusterityMH._progressbar_config(n_chains=2, width=120)
     headers = [column.get_table_column().header for column in columns]
-    assert headers == ["Rows/draw", "Full data", "Accept"]
+    assert headers == ["Rows\nper draw", "Full\ndata", "Accept"]
     assert stats == {
         "rows_per_draw": [0.0] * 2,
         "full_data_share": [0.0] * 2,
