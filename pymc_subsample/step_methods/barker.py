@@ -46,7 +46,8 @@ class MinibatchBarkerMH(SubsampleMH, test=BarkerTest):
         noise, so the largest ``s^2`` a batch may have. Rows per decision fall about as
         ``1 / sigma^2``; the correction's CDF error grows from below 1e-7 at 1 to 2e-5 at 1.2
         (the paper's appendix C.1 weighs 0.8 to 1.1), and a smaller batch's CLT error grows.
-        On the paper's section 6.1 mixture 1.2 reads 0.8x the rows of 1.0 (see the README).
+        On the paper's section 6.1 mixture 1.2 reads 0.8x the rows of 1.0 (``docs/barker.md``,
+        "Measured: the paper's section 6.1").
     proposal, scaling, proposal_cov, tune_interval, obs_dim, model, rng, compile_kwargs
         As for :class:`~pymc_subsample.AusterityMH`. Tuning follows :func:`barker_tune`. With
         ``proposal="langevin"`` the Barker test compares ``Delta*`` plus the log proposal
