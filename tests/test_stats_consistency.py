@@ -58,6 +58,28 @@ def test_fallback_advice_matches_the_configuration(control_variate):
     assert ("reference_distance" in message) is control_variate
 
 
+@pytest.mark.parametrize("far", [False, True])
+def test_fallback_advice_names_a_posterior_the_proxies_cannot_follow(far):
+    # Issue 35: a hierarchy with the defaults read 96% of the rows per draw and was told to
+    # pass initvals or recenter, which its chains (started at the reference) already did.
+    # Where the search measured the posterior far from Gaussian and the chain did not drift
+    # away, the advice names that and the faster sampler; a chain that went far keeps the
+    # start/re-centre advice.
+    from pymc_subsample.step_methods.diagnostics import ChainDiagnostics
+
+    diagnostics = ChainDiagnostics(100, 1000, control_variate=True, skewed_posterior=True)
+    diagnostics.reset(10)
+    with pytest.warns(pms.SubsampleWarning) as record:
+        if far:
+            diagnostics.warn_far(1e4, 50.0)
+        for _ in range(10):
+            diagnostics.record(True, float("nan"), 1000)
+    message = str(record[-1].message)
+    assert ("far from Gaussian" in message) is not far
+    assert ("full-data NUTS" in message) is not far
+    assert ("initvals" in message) is far
+
+
 def test_no_control_variate_advice_where_none_can_apply():
     # Discrete variables, or a default dropped because another step moves what the rows read:
     # advising control_variate='taylor2' there sent users to a warning about the reference.

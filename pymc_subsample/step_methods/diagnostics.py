@@ -42,6 +42,7 @@ class ChainDiagnostics:
         warn_fallback: bool = True,
         control_variate: bool = False,
         can_control: bool = True,
+        skewed_posterior: bool = False,
     ) -> None:
         self.batch_size = batch_size
         self.n_rows = n_rows
@@ -52,6 +53,11 @@ class ChainDiagnostics:
         #: Whether a control variate could be turned on: not for discrete variables, nor where
         #: the rows read variables another step samples (``defaults.control_variate_obstacle``).
         self.can_control = can_control
+        #: Whether the reference search measured the posterior far from Gaussian around its
+        #: reference (the Laplace check, ``laplace_check.py``): the control variate's proxies
+        #: then miss over the posterior's spread wherever the chain starts, as in a hierarchy's
+        #: groups with few rows (``docs/control_variates.md``).
+        self.skewed_posterior = skewed_posterior
         self.reset(None)
 
     def reset(self, draws: int | None) -> None:
@@ -126,6 +132,18 @@ class ChainDiagnostics:
                 f"{self.batch_size / self.n_rows:.0%} of them, so subsampling cannot save much "
                 "on data this small; the draws are not affected. pm.sample() with NUTS on all "
                 "rows is usually the faster sampler here."
+            )
+        if self.control_variate and self.skewed_posterior and "far" not in self.warned:
+            # Not the start nor a drift: the proxies miss over the posterior's own spread.
+            return (
+                "The control variate is on, but the search for its reference point measured "
+                "the posterior far from Gaussian there (a hierarchy whose groups have few rows, "
+                "a funnel, a skewed or heavy-tailed posterior), so its Taylor proxies miss "
+                "where the chain goes and most tests read on towards all rows. The draws are "
+                "still right, but each costs about as much as a full-data evaluation: on this "
+                "model full-data NUTS (pm.sample() without step=, or nutpie) is the faster "
+                "sampler today. A larger error_tolerance reads fewer rows but lets more wrong "
+                "decisions through."
             )
         if self.control_variate:
             return (
