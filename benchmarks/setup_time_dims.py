@@ -64,12 +64,12 @@ def worker(case: str) -> None:
     import pymc_subsample as pms
 
     if case == "dims_before_fix":
-        from pymc_subsample.model import oracles
+        from pymc_subsample.model import functions
 
         def unchanged(outputs: Any, q: Any, length: int) -> tuple[list[Any], Any]:
             return list(outputs), q
 
-        oracles.with_static_length = unchanged  # type: ignore[assignment]
+        functions.with_static_length = unchanged  # type: ignore[assignment]
     model, reference = build_model(N_ROWS, N_FEATURES, frozen=case == "frozen")
     start = time.perf_counter()
     with model:

@@ -37,7 +37,8 @@ from pymc_subsample.kernels.optimizer import (
 )
 from pymc_subsample.kernels.row_sampler import RowSampler
 from pymc_subsample.laplace_check import LAPLACE_SPREAD, laplace_log_weight_sd, not_gaussian
-from pymc_subsample.model.oracles import ModelOracles, Rows, SearchSums, row_chunks
+from pymc_subsample.model.oracles import ModelOracles, SearchSums
+from pymc_subsample.model.row_data import Rows, row_chunks
 
 __all__ = ["Optimum", "optimise_reference"]
 

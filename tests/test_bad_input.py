@@ -95,9 +95,9 @@ def test_nonfinite_rows_are_found_across_chunks(monkeypatch):
     With ranges of 7 rows, rows 7, 20 and 49 lie in the second, third and last range; an
     offset dropped from a range's indices reports rows 0 and 6 instead, and fails this.
     """
-    from pymc_subsample.model import oracles
+    import pymc_subsample.model.self_check as self_check_module
 
-    monkeypatch.setattr(oracles, "_FINITE_CHUNK", 7)
+    monkeypatch.setattr(self_check_module, "_FINITE_CHUNK", 7)
     y = np.zeros(50)
     y[[7, 20, 49]] = np.nan
     with pm.Model():

@@ -11,6 +11,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 from pymc.model import Model
+from pymc.vartypes import discrete_types
 from pytensor.graph.basic import Constant, Variable
 from pytensor.graph.traversal import ancestors
 from pytensor.scalar.basic import Switch
@@ -19,9 +20,11 @@ from pytensor.tensor.shape import Shape, Shape_i
 from pytensor.tensor.variable import TensorVariable
 
 __all__ = [
+    "check_continuous",
     "check_no_per_row_latents",
     "check_one_term_per_row",
     "check_support_is_fixed",
+    "discrete_names",
 ]
 
 
@@ -143,3 +146,19 @@ def _is_minus_inf(variable: Variable) -> bool:
         return False
     data = np.asarray(variable.data)
     return bool(data.size) and bool(np.all(np.isneginf(data)))
+
+
+def discrete_names(vars: Sequence[TensorVariable]) -> list[str]:
+    """Return the names of the discrete value variables among ``vars``."""
+    return [str(v.name) for v in vars if v.dtype in discrete_types]
+
+
+def check_continuous(model: Model, vars: Sequence[TensorVariable]) -> None:
+    """Refuse discrete value variables: the random-walk proposals are continuous."""
+    discrete = discrete_names(vars)
+    if discrete:
+        raise ValueError(
+            f"Discrete variables {discrete} cannot be sampled by a pymc_subsample step. "
+            "Pass only continuous variables in `vars` and let pm.sample assign another step "
+            "(for example pm.Metropolis or pm.CategoricalGibbsMetropolis) to the discrete ones."
+        )

@@ -10,69 +10,30 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field, replace
-from functools import partial
-from typing import Any, NamedTuple, cast
+from dataclasses import dataclass, replace
+from typing import Any, NamedTuple
 
 import numpy as np
 import pytensor
-import pytensor.tensor as pt
 from pymc.model import Model
-from pymc.pytensorf import join_nonshared_inputs, make_shared_replacements
 from pymc.vartypes import discrete_types
-from pytensor.compile.sharedvalue import SharedVariable
-from pytensor.gradient import disconnected_grad, jacobian
 from pytensor.graph.basic import Variable
-from pytensor.graph.replace import clone_replace
-from pytensor.graph.traversal import ancestors
-from pytensor.tensor.variable import TensorConstant, TensorVariable
+from pytensor.tensor.variable import TensorVariable
 
-from pymc_subsample.model.checks import check_no_per_row_latents
-from pymc_subsample.model.compiled import (
-    GraphBuilder,
-    LazyFunction,
-    NumbaKernel,
-    collection_paused,
-)
-from pymc_subsample.model.gradients import (
-    per_row_gradient,
-    per_row_proxy_terms,
-    summed_gradient_and_hessian,
-    with_static_length,
-)
-from pymc_subsample.model.identification import (
-    flat_prior_coordinates,
-    refuse_flat_priors_outside_the_likelihood,
-    warn_if_unidentified,
-)
-from pymc_subsample.model.likelihood_parameters import likelihood_parameters
-from pymc_subsample.model.rows import (
-    RowLayout,
-    find_row_layout,
-    gather_missing_rows,
-    row_loglik_graph,
-)
+from pymc_subsample.model.checks import check_continuous
+from pymc_subsample.model.compiled import LazyFunction, NumbaKernel, collection_paused
+from pymc_subsample.model.functions import ModelFunctions, initial_q, model_functions
+from pymc_subsample.model.identification import warn_if_unidentified
+from pymc_subsample.model.likelihood_space import LikelihoodSpace
+from pymc_subsample.model.row_data import DataTracker, Rows, data_value, row_chunks
+from pymc_subsample.model.rows import RowLayout
+from pymc_subsample.model.self_check import self_check
 
 __all__ = [
-    "DataTracker",
-    "LikelihoodSpace",
-    "ModelFunctions",
     "ModelOracles",
-    "Rows",
     "SearchSums",
     "build_oracles",
-    "check_continuous",
-    "discrete_names",
-    "row_chunks",
 ]
-
-#: Rows to read: int64 indices, or a slice for a contiguous range (read in place, no copy).
-Rows = np.ndarray | slice
-
-#: Fixed seed of the construction-time self-check (deterministic, not a statistical test).
-_SELF_CHECK_SEED = 20140614
-#: Rows per call when the self-check reads every row at the initial point.
-_FINITE_CHUNK = 65_536
 
 
 class SearchSums(NamedTuple):
@@ -94,69 +55,6 @@ class SearchSums(NamedTuple):
     gradient: np.ndarray
     outer: np.ndarray
     hessian: np.ndarray | None
-
-
-class LikelihoodSpace(NamedTuple):
-    """The functions of control variates expanded in the likelihood's parameters ``theta``.
-
-    ``theta = phi(q)`` (``model/likelihood_parameters.py``): the Taylor proxies are polynomials
-    in ``theta``, their sums ``d_theta``-dimensional. Each function compiles at first use.
-    """
-
-    size: int
-    phi: LazyFunction  # q -> theta
-    pullback: LazyFunction  # q, v -> J_phi(q)^T v
-    residual: dict[int, LazyFunction]  # q, q_old, theta_ref, rows -> l_i - r_i
-    sums: LazyFunction  # theta_ref, rows -> (G, H) in theta
-    remainder_gradient: LazyFunction  # q, theta_ref, factor, rows
-
-
-@dataclass(frozen=True)
-class ModelFunctions:
-    """The compiled functions of one model and set of step variables, shared by every user.
-
-    Built once per (model, variables, row dimension, compile options) and process by
-    :func:`build_oracles`; each function compiles at its first call (:class:`LazyFunction`).
-
-    Attributes
-    ----------
-    layout : RowLayout
-        Which observed variables were subsampled and which are evaluated in full.
-    shared : dict
-        Shared variables standing for model variables the step does not sample.
-    rows_depend_on_q : bool
-        Whether some row's log-likelihood depends on the sampled variables (per-row gradients
-        exist only then).
-    other_variables_in_rows : tuple of str
-        Free variables the step does not sample that the row log-likelihood reads.
-    """
-
-    layout: RowLayout
-    shared: dict[Variable, Variable]
-    rows_depend_on_q: bool
-    other_variables_in_rows: tuple[str, ...]
-    prior: LazyFunction
-    prior_ratio: LazyFunction
-    rows: LazyFunction
-    ratio: LazyFunction
-    full_rows: LazyFunction
-    score: LazyFunction
-    prior_grad: LazyFunction
-    posterior_gradient: LazyFunction
-    remainder_gradient: LazyFunction
-    residual: dict[int, LazyFunction]
-    sums: LazyFunction
-    search: dict[bool, LazyFunction]
-    prior_hessian: LazyFunction
-    row_data: tuple[Variable, ...]
-    data: tuple[SharedVariable, ...]
-    frozen: tuple[tuple[SharedVariable, SharedVariable], ...]
-    flat: dict[str, np.ndarray]
-    #: Builds (once, at first call) the functions in the likelihood's parameters; None when
-    #: the rows' graph has no usable cut (``likelihood_parameters``).
-    likelihood_space: Callable[[], LikelihoodSpace | None]
-    #: Reference points found on these functions, by data, start and settings (reference.py).
-    references: dict[tuple[Any, ...], Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -335,7 +233,7 @@ class ModelOracles:
         """
         function = self._gradient("gradient_on_rows", self._functions.posterior_gradient)
         if rows is None:
-            data = [_data_value(array) for array in self._functions.row_data]
+            data = [data_value(array) for array in self._functions.row_data]
             n_used = self.n_rows
         else:
             data, n_used = self._gather(rows), rows.size
@@ -477,7 +375,7 @@ class ModelOracles:
 
     def row_arrays(self) -> list[np.ndarray]:
         """Return the row-aligned data arrays the row functions read, in order (no copy)."""
-        return [_data_value(array) for array in self._functions.row_data]
+        return [data_value(array) for array in self._functions.row_data]
 
     def numba_kernels(self) -> tuple[NumbaKernel, NumbaKernel]:
         """Return the prior ratio's and the rows' functions as Numba dispatchers.
@@ -499,7 +397,7 @@ class ModelOracles:
         return function
 
     def _gather(self, idx: Rows) -> list[np.ndarray]:
-        arrays = [_data_value(data) for data in self._functions.row_data]
+        arrays = [data_value(data) for data in self._functions.row_data]
         if isinstance(idx, slice):
             # A range of rows of a C-ordered array is a C-ordered view: no copy.
             return [
@@ -512,85 +410,6 @@ class ModelOracles:
 
 def _indices(rows: slice, array: np.ndarray) -> np.ndarray:
     return np.arange(*rows.indices(array.shape[0]))
-
-
-def row_chunks(n_rows: int, chunk_size: int) -> Iterator[slice]:
-    """Consecutive ranges of at most ``chunk_size`` rows covering rows 0 to ``n_rows - 1``."""
-    return (slice(begin, min(begin + chunk_size, n_rows)) for begin in range(0, n_rows, chunk_size))
-
-
-def _data_value(data: Variable) -> np.ndarray:
-    if isinstance(data, SharedVariable):
-        return data.get_value(borrow=True)
-    return cast(TensorConstant, data).data
-
-
-class DataTracker:
-    """The model's data arrays as the oracles last saw them, and the row count N they imply.
-
-    Parameters
-    ----------
-    row_data : tuple of Variable
-        The row-aligned data (constants or shared variables), whose leading length is N.
-    data : tuple of SharedVariable
-        Every shared data array the oracles read (``pm.Data``), row-aligned or not.
-    """
-
-    def __init__(self, row_data: tuple[Variable, ...], data: tuple[SharedVariable, ...]) -> None:
-        self.row_data = row_data
-        self.data = data
-        self.n_rows = self._row_count()
-        self._seen = self.fingerprint()
-
-    def refresh(self) -> bool:
-        """Re-read the row count if any data array was replaced; whether one was."""
-        seen = self.fingerprint()
-        if seen == self._seen:
-            return False
-        self.n_rows = self._row_count()
-        self._seen = seen
-        return True
-
-    def fingerprint(self) -> tuple[tuple[int, tuple[int, ...]], ...]:
-        """Identity and shape of every shared data array (``pm.set_data`` replaces arrays)."""
-        values = [data.get_value(borrow=True) for data in self.data]
-        return tuple((id(value), np.shape(value)) for value in values)
-
-    def _row_count(self) -> int:
-        lengths = {str(data.name): len(_data_value(data)) for data in self.row_data}
-        if len(set(lengths.values())) != 1:
-            raise ValueError(
-                f"The row-aligned data arrays have different lengths {lengths}: after "
-                "pm.set_data, give every array on the row axis (covariates and observed values) "
-                "the same new number of rows in one call, e.g. pm.set_data({'X': X_new, "
-                "'y': y_new})."
-            )
-        return next(iter(lengths.values()))
-
-
-def _shared_data(graphs: Sequence[Variable], exclude: set[Variable]) -> tuple[SharedVariable, ...]:
-    """Return the shared tensors (``pm.Data``) that ``graphs`` read, other than ``exclude``."""
-    return tuple(
-        var
-        for var in ancestors(list(graphs))
-        if isinstance(var, SharedVariable) and var not in exclude and hasattr(var.type, "ndim")
-    )
-
-
-def discrete_names(vars: Sequence[TensorVariable]) -> list[str]:
-    """Return the names of the discrete value variables among ``vars``."""
-    return [str(v.name) for v in vars if v.dtype in discrete_types]
-
-
-def check_continuous(model: Model, vars: Sequence[TensorVariable]) -> None:
-    """Refuse discrete value variables: the random-walk proposals are continuous."""
-    discrete = discrete_names(vars)
-    if discrete:
-        raise ValueError(
-            f"Discrete variables {discrete} cannot be sampled by a pymc_subsample step. "
-            "Pass only continuous variables in `vars` and let pm.sample assign another step "
-            "(for example pm.Metropolis or pm.CategoricalGibbsMetropolis) to the discrete ones."
-        )
 
 
 #: Each model's functions, per (variables, row dimension, compile options); dropped with the
@@ -671,7 +490,7 @@ def build_oracles(
     if functions is None:
         # No stack trace per node created (as in LazyFunction.compile): 0.05-0.1 s.
         with pytensor.config.change_flags(traceback__limit=0), collection_paused():
-            functions = per_model[key] = _model_functions(
+            functions = per_model[key] = model_functions(
                 model, vars, initial_point, obs_dim, dict(compile_kwargs or {})
             )
     if (with_gradients or proxy_order > 0) and not functions.rows_depend_on_q:
@@ -683,7 +502,7 @@ def build_oracles(
             "control variate, in a compound step: pm.sample(step=[..., that_step]). Such a "
             "step reads one batch per draw."
         )
-    q0 = _initial_q(initial_point, vars)
+    q0 = initial_q(initial_point, vars)
     oracles = ModelOracles(
         initial_q=q0,
         _functions=functions,
@@ -696,370 +515,7 @@ def build_oracles(
             for v in vars
         ]
     )
-    _self_check(oracles, functions.full_rows, q0, continuous)
+    self_check(oracles, functions.full_rows, q0, continuous)
     if new and not discrete:
         warn_if_unidentified(functions.flat, oracles.score_rows, oracles.n_rows, q0)
     return oracles
-
-
-def _model_functions(
-    model: Model,
-    vars: Sequence[TensorVariable],
-    initial_point: dict[str, np.ndarray],
-    obs_dim: str | None,
-    kwargs: dict[str, Any],
-) -> ModelFunctions:
-    """Read the model's graphs and wrap each function of ``q`` to compile at first use."""
-    layout = find_row_layout(model, obs_dim)
-    check_no_per_row_latents(model, layout.row_rvs, initial_point, layout.n_rows, layout.obs_dim)
-    graph = row_loglik_graph(model, layout)
-    prior = model.logp(vars=[*model.free_RVs, *model.potentials, *layout.full_rvs])
-    # Missing values' density (a free variable's) reads only their rows, not all N.
-    prior = gather_missing_rows(model, prior, layout)
-
-    shared = make_shared_replacements(initial_point, vars, model)
-    [rows_q, full_q, prior_q], q = join_nonshared_inputs(
-        initial_point, [graph.rows_logp, graph.full_logp, prior], vars, shared
-    )
-    if q.dtype != "float64":
-        # Only discrete variables: PyMC joins them into an integer vector; the steps pass q as
-        # float64 (PyMC 5's compiled functions refuse it), so cast inside the graph instead.
-        q_float = pt.vector("q", dtype="float64")
-        [rows_q, full_q, prior_q] = clone_replace(
-            [rows_q, full_q, prior_q], replace={q: q_float.astype(q.dtype)}
-        )
-        q = q_float
-    # dims models leave q's length symbolic, and PyTensor 2.x's rewrites of the Hessians stall.
-    q_size = sum(int(np.size(initial_point[str(v.name)])) for v in vars)
-    [rows_q, full_q, prior_q], q = with_static_length([rows_q, full_q, prior_q], q, q_size)
-    q_old = q.type("q_old")
-    rows_q_old, prior_q_old = clone_replace([rows_q, prior_q], replace={q: q_old})
-
-    row_inputs = list(graph.row_inputs)
-    flat = flat_prior_coordinates(model, vars, initial_point)
-    rows_ancestors = set(ancestors([rows_q]))
-    depends_on_q = q in rows_ancestors
-    if not depends_on_q:
-        refuse_flat_priors_outside_the_likelihood(flat)
-    others = tuple(
-        str(model.values_to_rvs[value].name)
-        for value, live in shared.items()
-        if live in rows_ancestors and value in model.values_to_rvs
-    )
-    frozen = tuple(
-        (live, pytensor.shared(np.array(live.get_value(), copy=True), name=f"{live.name}_frozen"))
-        for live in shared.values()
-        if isinstance(live, SharedVariable)
-    )
-    q_ref = q.type("q_ref")
-    rows_ref = cast(TensorVariable, clone_replace(rows_q, replace={q: q_ref, **dict(frozen)}))
-
-    def lazy(build: GraphBuilder) -> LazyFunction:
-        return LazyFunction(build, kwargs)
-
-    def fixed(inputs: list[Variable], outputs: Any) -> LazyFunction:
-        return lazy(partial(_given, inputs, outputs))
-
-    residual_inputs = (rows_q, rows_q_old, rows_ref, q, q_old, q_ref, [q, q_old], row_inputs)
-    space = partial(
-        _likelihood_space, rows_q, rows_q_old, prior_q, q, q_old, row_inputs, frozen, kwargs
-    )
-    return ModelFunctions(
-        layout=layout,
-        shared=shared,
-        rows_depend_on_q=depends_on_q,
-        other_variables_in_rows=others,
-        prior=fixed([q], prior_q),
-        prior_ratio=fixed([q, q_old], prior_q - prior_q_old),
-        rows=fixed([q, *row_inputs], rows_q),
-        ratio=fixed([q, q_old, *row_inputs], rows_q - rows_q_old),
-        # Called once, by the self-check only: PyTensor's Python linker skips the rewrites and
-        # the JIT (0.3-0.5 s of set-up) and is fast enough for one vectorised pass.
-        full_rows=LazyFunction(partial(_given, [q], full_q), {**kwargs, "mode": "FAST_COMPILE"}),
-        score=lazy(partial(_score_graph, rows_q, q, row_inputs)),
-        prior_grad=lazy(partial(_prior_gradient_graph, prior_q, q)),
-        posterior_gradient=lazy(partial(_posterior_gradient_graph, prior_q, rows_q, q, row_inputs)),
-        remainder_gradient=lazy(
-            partial(_remainder_gradient_graph, prior_q, rows_q, rows_ref, q, q_ref, row_inputs)
-        ),
-        residual={
-            order: lazy(partial(_residual_graph, *residual_inputs, order)) for order in (1, 2)
-        },
-        sums=lazy(partial(_sums_graph, rows_ref, q_ref, row_inputs)),
-        search={
-            hessian: lazy(partial(_search_graph, rows_q, q, row_inputs, hessian))
-            for hessian in (False, True)
-        },
-        prior_hessian=lazy(partial(_prior_hessian_graph, prior_q, q)),
-        row_data=graph.row_data,
-        data=_shared_data([rows_q, prior_q, *graph.row_data], set(shared.values()) | set(shared)),
-        frozen=frozen,
-        flat=flat,
-        likelihood_space=_OnFirstCall(partial(space, _initial_q(initial_point, vars))),
-    )
-
-
-def _given(inputs: list[Variable], outputs: Any) -> tuple[list[Variable], Any]:
-    return inputs, outputs
-
-
-def _score_graph(
-    rows_q: TensorVariable, q: TensorVariable, row_inputs: list[TensorVariable]
-) -> tuple[list[Variable], Any]:
-    scores, batched_inputs = per_row_gradient(rows_q, q, row_inputs)
-    return [q, *batched_inputs], scores
-
-
-def _residual_graph(
-    rows_q: TensorVariable,
-    rows_q_old: Variable,
-    rows_ref: TensorVariable,
-    point: TensorVariable,
-    point_old: TensorVariable,
-    ref: TensorVariable,
-    inputs: list[TensorVariable],
-    row_inputs: list[TensorVariable],
-    order: int,
-) -> tuple[list[Variable], Any]:
-    """Residuals ``l_i(q) - l_i(q_old)`` minus the Taylor proxies' difference at ``ref``.
-
-    ``point`` and ``point_old`` are ``q`` and ``q_old`` in the proxies' space (themselves, or
-    the likelihood's parameters ``phi(q)``, ``phi(q_old)``), ``rows_ref`` the rows' graph of
-    ``ref`` in that space. The proxies read the other model variables at their frozen values
-    (the ``_frozen`` shared copies), so that the sums of :func:`_sums_graph` are those of the
-    proxies subtracted here.
-    """
-    step = point - point_old
-    centre = point + point_old - 2 * ref if order == 2 else None
-    proxies = per_row_proxy_terms(rows_ref, ref, step, centre)
-    return [*inputs, ref, *row_inputs], rows_q - rows_q_old - proxies
-
-
-def _sums_graph(
-    rows_ref: TensorVariable, q_ref: TensorVariable, row_inputs: list[TensorVariable]
-) -> tuple[list[Variable], Any]:
-    gradient_sum, hessian_sum = summed_gradient_and_hessian(rows_ref, q_ref)
-    return [q_ref, *row_inputs], [gradient_sum, hessian_sum]
-
-
-def _search_graph(
-    rows_q: TensorVariable, q: TensorVariable, row_inputs: list[TensorVariable], hessian: bool
-) -> tuple[list[Variable], Any]:
-    """Build the rows' summed log-likelihood, gradient, scores' outer products and Hessian.
-
-    Inputs are the rows batched as for :func:`_score_graph` (``(n, 1, ...)``); the per-row
-    scores stay inside the function.
-    """
-    scores, batched_inputs = per_row_gradient(rows_q, q, row_inputs)
-    unbatched: dict[Variable, Variable] = {
-        row: batch[:, 0] for row, batch in zip(row_inputs, batched_inputs, strict=True)
-    }
-    rows = cast(TensorVariable, clone_replace(rows_q, replace=unbatched))
-    outputs = [rows.sum(), scores.sum(0), scores.T @ scores]
-    if hessian:
-        outputs.append(summed_gradient_and_hessian(rows, q)[1])
-    return [q, *batched_inputs], outputs
-
-
-def _posterior_gradient_graph(
-    prior_q: TensorVariable,
-    rows_q: TensorVariable,
-    q: TensorVariable,
-    row_inputs: list[TensorVariable],
-) -> tuple[list[Variable], Any]:
-    # One backward pass through the rows' sum: no (n, d) matrix of per-row scores.
-    factor = pt.dscalar("likelihood_factor")
-    gradient = pytensor.grad(prior_q + factor * rows_q.sum(), q, disconnected_inputs="ignore")
-    return [q, factor, *row_inputs], gradient
-
-
-def _remainder_gradient_graph(
-    prior_q: TensorVariable,
-    rows_q: TensorVariable,
-    rows_ref: TensorVariable,
-    q: TensorVariable,
-    q_ref: TensorVariable,
-    row_inputs: list[TensorVariable],
-    point: TensorVariable | None = None,
-) -> tuple[list[Variable], Any]:
-    # Rows' summed remainders s_i(q) - s_i(q_ref) - H_i(q_ref) (q - q_ref): the summed Hessian
-    # times the direction is the gradient of the summed score's projection on it (a
-    # Hessian-vector product, no d x d matrix per row), the direction held constant. With
-    # ``point = phi(q)`` the expansion is in the likelihood's parameters, and its gradient
-    # (score_ref + H (phi(q) - q_ref)) is taken back to q by J_phi(q)^T.
-    [_, factor, *_], gradient = _posterior_gradient_graph(prior_q, rows_q, q, row_inputs)
-    score_ref = cast(
-        TensorVariable, pytensor.grad(rows_ref.sum(), q_ref, disconnected_inputs="ignore")
-    )
-    direction = disconnected_grad((q if point is None else point) - q_ref)
-    hessian_direction = cast(
-        TensorVariable,
-        pytensor.grad((score_ref * direction).sum(), q_ref, disconnected_inputs="ignore"),
-    )
-    expansion = score_ref + hessian_direction
-    if point is not None:
-        held = disconnected_grad(expansion)
-        expansion = cast(
-            TensorVariable,
-            pytensor.grad((point * held).sum(), q, disconnected_inputs="ignore"),
-        )
-    return [q, q_ref, factor, *row_inputs], gradient - factor * expansion
-
-
-def _likelihood_space(
-    rows_q: TensorVariable,
-    rows_q_old: Variable,
-    prior_q: TensorVariable,
-    q: TensorVariable,
-    q_old: TensorVariable,
-    row_inputs: list[TensorVariable],
-    frozen: tuple[tuple[SharedVariable, SharedVariable], ...],
-    kwargs: dict[str, Any],
-    q0: np.ndarray,
-) -> LikelihoodSpace | None:
-    """Build the control variates' functions in the likelihood's parameters (or None)."""
-    found = likelihood_parameters(rows_q, q, row_inputs, q0)
-    if found is None:
-        return None
-    theta_ref = found.theta.type("theta_ref")
-    to_reference: dict[Variable, Variable] = {found.theta: theta_ref, **dict(frozen)}
-    rows_ref = cast(TensorVariable, clone_replace(found.rows_logp, replace=to_reference))
-    phi = found.phi
-    to_old: dict[Variable, Variable] = {q: q_old}
-    phi_old = cast(TensorVariable, clone_replace(phi, replace=to_old))
-
-    def lazy(build: GraphBuilder) -> LazyFunction:
-        return LazyFunction(build, kwargs)
-
-    points = (phi, phi_old, theta_ref, [q, q_old])
-    residual_inputs = (rows_q, rows_q_old, rows_ref, *points, row_inputs)
-    vector = phi.type("vector")
-    pullback = pytensor.grad((phi * vector).sum(), q, disconnected_inputs="ignore")
-    return LikelihoodSpace(
-        size=int(found.theta.type.shape[0] or 0),
-        phi=lazy(partial(_given, [q], phi)),
-        pullback=lazy(partial(_given, [q, vector], pullback)),
-        residual={
-            order: lazy(partial(_residual_graph, *residual_inputs, order)) for order in (1, 2)
-        },
-        sums=lazy(partial(_sums_graph, rows_ref, theta_ref, row_inputs)),
-        remainder_gradient=lazy(
-            partial(
-                _remainder_gradient_graph, prior_q, rows_q, rows_ref, q, theta_ref, row_inputs, phi
-            )
-        ),
-    )
-
-
-class _OnFirstCall:
-    """A value built at the first call and kept (and pickled with what was built)."""
-
-    __slots__ = ("_build", "_built", "_value")
-
-    def __init__(self, build: Callable[[], Any]) -> None:
-        self._build = build
-        self._built = False
-        self._value: Any = None
-
-    def __call__(self) -> Any:
-        if not self._built:
-            with pytensor.config.change_flags(traceback__limit=0), collection_paused():
-                self._value = self._build()
-            self._built = True
-        return self._value
-
-    def __getstate__(self) -> tuple[Any, ...]:
-        return (self._build, self._built, self._value)
-
-    def __setstate__(self, state: tuple[Any, ...]) -> None:
-        self._build, self._built, self._value = state
-
-
-def _initial_q(initial_point: dict[str, np.ndarray], vars: Sequence[TensorVariable]) -> np.ndarray:
-    return np.concatenate([np.ravel(initial_point[str(v.name)]) for v in vars]).astype("float64")
-
-
-def _prior_gradient_graph(prior_q: TensorVariable, q: TensorVariable) -> tuple[list[Variable], Any]:
-    return [q], _prior_gradient(prior_q, q)
-
-
-def _prior_hessian_graph(prior_q: TensorVariable, q: TensorVariable) -> tuple[list[Variable], Any]:
-    gradient = _prior_gradient(prior_q, q)
-    hessian = jacobian(gradient, q, vectorize=True, disconnected_inputs="ignore")
-    return [q], [gradient, hessian]
-
-
-def _prior_gradient(prior_q: TensorVariable, q: TensorVariable) -> TensorVariable:
-    # Flat priors (pm.Flat, and pm.HalfFlat's constant log-Jacobian gradient) leave the prior's
-    # gradient or Hessian disconnected from q: those are zero, not an error.
-    return cast(TensorVariable, pytensor.grad(prior_q, q, disconnected_inputs="ignore"))
-
-
-def _self_check(
-    oracles: ModelOracles, full_fn: LazyFunction, q0: np.ndarray, continuous: np.ndarray
-) -> None:
-    """Check the per-row function against the full model on a few rows, at a jittered point.
-
-    The rows' function is the model's likelihood rebuilt on row subsets of the data
-    (``rows.py``); the full model's own per-row log-likelihood (``full_fn``, one vectorised
-    pass in PyTensor's Python linker, no compilation) must agree with it on the checked rows.
-    One point suffices, jittered away from ``q0``, where a value such as 0 could hide a
-    reduction over rows (``X - X.mean(0)`` times a zero coefficient). At ``q0`` itself every
-    row must have a finite log-likelihood: checked range by range with the compiled per-row
-    function (no copy of the data). Only the ``continuous`` entries of ``q0`` are jittered: a
-    discrete value moved off its support is cast at different places by the two functions.
-    """
-    n_rows = oracles.n_rows
-    check_rng = np.random.default_rng(_SELF_CHECK_SEED)
-    sample = check_rng.choice(n_rows, size=min(n_rows, 6), replace=False)
-    rows = np.unique(np.concatenate([[0, n_rows - 1], sample])).astype("int64")
-    names = [str(rv.name) for rv in oracles.layout.row_rvs]
-    jittered = q0 + continuous * check_rng.normal(scale=0.3, size=q0.size)
-    try:
-        subset, full = oracles.loglik_rows(jittered, rows), full_fn(jittered)[rows]
-        bad = _nonfinite_rows(oracles, q0)
-    except Exception as error:
-        raise ValueError(
-            f"The likelihood of {names} could not be evaluated on a subset of rows "
-            f"({type(error).__name__}: {error}). Per-row latent variables (a free variable "
-            "with one entry per row) cannot be subsampled; if some array of length "
-            f"N={n_rows} is not row-aligned, give the rows a named dim and pass obs_dim."
-        ) from error
-    if not np.allclose(subset, full, rtol=1e-6, atol=1e-8, equal_nan=True):
-        raise ValueError(
-            f"Self-check failed: the log-likelihood of {names} evaluated on a subset of rows "
-            "differs from the full model's value for the same rows. The model probably "
-            "transforms data with a reduction over rows (for example standardising with "
-            "X.mean(0) inside the model): do that in numpy before building the model. If an "
-            f"array of length N={n_rows} is not row-aligned, name the row dim via obs_dim."
-        )
-    _check_initial_finite(bad, oracles.log_prior(q0), names)
-
-
-def _nonfinite_rows(oracles: ModelOracles, q: np.ndarray) -> np.ndarray:
-    """Rows whose log-likelihood at ``q`` is not finite, read range by range in place."""
-    bad: list[np.ndarray] = []
-    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-        for piece in row_chunks(oracles.n_rows, _FINITE_CHUNK):
-            values = oracles.loglik_rows(q, piece)
-            bad.append(piece.start + np.flatnonzero(~np.isfinite(values)))
-    return np.concatenate(bad)
-
-
-def _check_initial_finite(bad: np.ndarray, log_prior: float, names: list[str]) -> None:
-    if bad.size:
-        raise ValueError(
-            f"The log-likelihood of {names} is not finite at the initial point for rows "
-            f"{bad[:10].tolist()} ({bad.size} rows in all). Check the data for NaN/inf; if the "
-            "data are fine, start the parameters where every row has positive density by giving "
-            "them initial values in the model (initval= on the variable, or "
-            "model.set_initval(var, value)) before building the step: the step is built at the "
-            "model's initial point, so pm.sample(initvals=...) comes too late."
-        )
-    if not np.isfinite(log_prior):
-        raise ValueError(
-            "The prior log-density is not finite at the initial point. Give initial values inside "
-            "the support in the model (initval= on the variable, or model.set_initval(var, "
-            "value)) before building the step: the step is built at the model's initial point, "
-            "so pm.sample(initvals=...) comes too late."
-        )

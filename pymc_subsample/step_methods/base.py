@@ -29,8 +29,9 @@ from pytensor.tensor.variable import TensorVariable
 
 from pymc_subsample.kernels.row_sampler import RowSampler
 from pymc_subsample.kernels.user_proposal import ProposalFunction, UserProposal
+from pymc_subsample.model.checks import discrete_names
 from pymc_subsample.model.imputation import imputed_value_vars
-from pymc_subsample.model.oracles import ModelOracles, build_oracles, discrete_names
+from pymc_subsample.model.oracles import ModelOracles, build_oracles
 from pymc_subsample.reference import automatic_reference, funnel_explanation
 from pymc_subsample.reference_search import Optimum
 from pymc_subsample.step_methods.acceptance_tests import (

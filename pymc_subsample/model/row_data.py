@@ -1,0 +1,86 @@
+"""The model's data as the oracles read them: rows, row ranges and the row count N.
+
+Rows are given as int64 indices or as a ``slice`` (:data:`Rows`); :func:`row_chunks` cuts the
+full data into ranges read in place. :class:`DataTracker` remembers the data arrays the oracles
+read, so that a ``pm.set_data`` is noticed in O(1).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import cast
+
+import numpy as np
+from pytensor.compile.sharedvalue import SharedVariable
+from pytensor.graph.basic import Variable
+from pytensor.graph.traversal import ancestors
+from pytensor.tensor.variable import TensorConstant
+
+__all__ = ["DataTracker", "Rows", "data_value", "row_chunks", "shared_data"]
+
+#: Rows to read: int64 indices, or a slice for a contiguous range (read in place, no copy).
+Rows = np.ndarray | slice
+
+
+def row_chunks(n_rows: int, chunk_size: int) -> Iterator[slice]:
+    """Consecutive ranges of at most ``chunk_size`` rows covering rows 0 to ``n_rows - 1``."""
+    return (slice(begin, min(begin + chunk_size, n_rows)) for begin in range(0, n_rows, chunk_size))
+
+
+def data_value(data: Variable) -> np.ndarray:
+    """Return the array of a data variable (shared or constant), without a copy."""
+    if isinstance(data, SharedVariable):
+        return data.get_value(borrow=True)
+    return cast(TensorConstant, data).data
+
+
+class DataTracker:
+    """The model's data arrays as the oracles last saw them, and the row count N they imply.
+
+    Parameters
+    ----------
+    row_data : tuple of Variable
+        The row-aligned data (constants or shared variables), whose leading length is N.
+    data : tuple of SharedVariable
+        Every shared data array the oracles read (``pm.Data``), row-aligned or not.
+    """
+
+    def __init__(self, row_data: tuple[Variable, ...], data: tuple[SharedVariable, ...]) -> None:
+        self.row_data = row_data
+        self.data = data
+        self.n_rows = self._row_count()
+        self._seen = self.fingerprint()
+
+    def refresh(self) -> bool:
+        """Re-read the row count if any data array was replaced; whether one was."""
+        seen = self.fingerprint()
+        if seen == self._seen:
+            return False
+        self.n_rows = self._row_count()
+        self._seen = seen
+        return True
+
+    def fingerprint(self) -> tuple[tuple[int, tuple[int, ...]], ...]:
+        """Identity and shape of every shared data array (``pm.set_data`` replaces arrays)."""
+        values = [data.get_value(borrow=True) for data in self.data]
+        return tuple((id(value), np.shape(value)) for value in values)
+
+    def _row_count(self) -> int:
+        lengths = {str(data.name): len(data_value(data)) for data in self.row_data}
+        if len(set(lengths.values())) != 1:
+            raise ValueError(
+                f"The row-aligned data arrays have different lengths {lengths}: after "
+                "pm.set_data, give every array on the row axis (covariates and observed values) "
+                "the same new number of rows in one call, e.g. pm.set_data({'X': X_new, "
+                "'y': y_new})."
+            )
+        return next(iter(lengths.values()))
+
+
+def shared_data(graphs: Sequence[Variable], exclude: set[Variable]) -> tuple[SharedVariable, ...]:
+    """Return the shared tensors (``pm.Data``) that ``graphs`` read, other than ``exclude``."""
+    return tuple(
+        var
+        for var in ancestors(list(graphs))
+        if isinstance(var, SharedVariable) and var not in exclude and hasattr(var.type, "ndim")
+    )

@@ -1,0 +1,113 @@
+"""The oracles' self-check: subset rows against the full model, every row finite at the start.
+
+``build_oracles`` runs it on every new set of oracles (``docs/architecture.md``).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import numpy as np
+
+from pymc_subsample.model.compiled import LazyFunction
+from pymc_subsample.model.row_data import Rows, row_chunks
+from pymc_subsample.model.rows import RowLayout
+
+__all__ = ["CheckedOracles", "self_check"]
+
+#: Fixed seed of the construction-time self-check (deterministic, not a statistical test).
+_SELF_CHECK_SEED = 20140614
+#: Rows per call when the self-check reads every row at the initial point.
+_FINITE_CHUNK = 65_536
+
+
+class CheckedOracles(Protocol):
+    """What the self-check reads of the oracles (``ModelOracles`` has it)."""
+
+    @property
+    def n_rows(self) -> int:
+        """Number of rows N on the row axis."""
+        ...
+
+    @property
+    def layout(self) -> RowLayout:
+        """Which observed variables were subsampled."""
+        ...
+
+    def loglik_rows(self, q: np.ndarray, idx: Rows) -> np.ndarray:
+        """Per-row log-likelihood of the rows ``idx``."""
+        ...
+
+    def log_prior(self, q: np.ndarray) -> float:
+        """Return the prior part of the log-density."""
+        ...
+
+
+def self_check(
+    oracles: CheckedOracles, full_fn: LazyFunction, q0: np.ndarray, continuous: np.ndarray
+) -> None:
+    """Check the per-row function against the full model on a few rows, at a jittered point.
+
+    The rows' function is the model's likelihood rebuilt on row subsets of the data
+    (``rows.py``); the full model's own per-row log-likelihood (``full_fn``, one vectorised
+    pass in PyTensor's Python linker, no compilation) must agree with it on the checked rows.
+    One point suffices, jittered away from ``q0``, where a value such as 0 could hide a
+    reduction over rows (``X - X.mean(0)`` times a zero coefficient). At ``q0`` itself every
+    row must have a finite log-likelihood: checked range by range with the compiled per-row
+    function (no copy of the data). Only the ``continuous`` entries of ``q0`` are jittered: a
+    discrete value moved off its support is cast at different places by the two functions.
+    """
+    n_rows = oracles.n_rows
+    check_rng = np.random.default_rng(_SELF_CHECK_SEED)
+    sample = check_rng.choice(n_rows, size=min(n_rows, 6), replace=False)
+    rows = np.unique(np.concatenate([[0, n_rows - 1], sample])).astype("int64")
+    names = [str(rv.name) for rv in oracles.layout.row_rvs]
+    jittered = q0 + continuous * check_rng.normal(scale=0.3, size=q0.size)
+    try:
+        subset, full = oracles.loglik_rows(jittered, rows), full_fn(jittered)[rows]
+        bad = _nonfinite_rows(oracles, q0)
+    except Exception as error:
+        raise ValueError(
+            f"The likelihood of {names} could not be evaluated on a subset of rows "
+            f"({type(error).__name__}: {error}). Per-row latent variables (a free variable "
+            "with one entry per row) cannot be subsampled; if some array of length "
+            f"N={n_rows} is not row-aligned, give the rows a named dim and pass obs_dim."
+        ) from error
+    if not np.allclose(subset, full, rtol=1e-6, atol=1e-8, equal_nan=True):
+        raise ValueError(
+            f"Self-check failed: the log-likelihood of {names} evaluated on a subset of rows "
+            "differs from the full model's value for the same rows. The model probably "
+            "transforms data with a reduction over rows (for example standardising with "
+            "X.mean(0) inside the model): do that in numpy before building the model. If an "
+            f"array of length N={n_rows} is not row-aligned, name the row dim via obs_dim."
+        )
+    _check_initial_finite(bad, oracles.log_prior(q0), names)
+
+
+def _nonfinite_rows(oracles: CheckedOracles, q: np.ndarray) -> np.ndarray:
+    """Rows whose log-likelihood at ``q`` is not finite, read range by range in place."""
+    bad: list[np.ndarray] = []
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        for piece in row_chunks(oracles.n_rows, _FINITE_CHUNK):
+            values = oracles.loglik_rows(q, piece)
+            bad.append(piece.start + np.flatnonzero(~np.isfinite(values)))
+    return np.concatenate(bad)
+
+
+def _check_initial_finite(bad: np.ndarray, log_prior: float, names: list[str]) -> None:
+    if bad.size:
+        raise ValueError(
+            f"The log-likelihood of {names} is not finite at the initial point for rows "
+            f"{bad[:10].tolist()} ({bad.size} rows in all). Check the data for NaN/inf; if the "
+            "data are fine, start the parameters where every row has positive density by giving "
+            "them initial values in the model (initval= on the variable, or "
+            "model.set_initval(var, value)) before building the step: the step is built at the "
+            "model's initial point, so pm.sample(initvals=...) comes too late."
+        )
+    if not np.isfinite(log_prior):
+        raise ValueError(
+            "The prior log-density is not finite at the initial point. Give initial values inside "
+            "the support in the model (initval= on the variable, or model.set_initval(var, "
+            "value)) before building the step: the step is built at the model's initial point, "
+            "so pm.sample(initvals=...) comes too late."
+        )
