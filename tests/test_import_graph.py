@@ -41,10 +41,6 @@ PARTS = frozenset(
         "warning_relay",
     )
 )
-#: Parts that still import a step module, each until its fix: sgfs_checks.py annotates the SGFS
-#: step it checks, whose private members it reads, with the class (under TYPE_CHECKING), a
-#: circle with sgfs.py. An entry that is no longer true fails too, so that it is removed.
-KNOWN_STEP_IMPORTS = {f"{STEP_METHODS}.sgfs_checks": {f"{STEP_METHODS}.sgfs"}}
 
 
 def _module_name(path: Path) -> str:
@@ -142,14 +138,14 @@ def test_every_step_methods_module_is_a_step_or_a_part():
 
 @pytest.mark.parametrize("part", sorted(name for name in MODULES if _is_part(name)))
 def test_parts_import_no_step_module(part):
-    assert imports(part) & STEPS == KNOWN_STEP_IMPORTS.get(part, set()), (
+    assert not imports(part) & STEPS, (
         f"{part} imports {sorted(imports(part) & STEPS)}: annotate the step with "
-        "step_methods/contracts.py's StepView instead (or remove its KNOWN_STEP_IMPORTS entry)"
+        "step_methods/contracts.py's StepView instead"
     )
 
 
 def test_import_graph_has_no_cycle():
-    graph = {module: imports(module) - KNOWN_STEP_IMPORTS.get(module, set()) for module in MODULES}
+    graph = {module: imports(module) for module in MODULES}
     assert not _cycles(graph), f"modules that import each other in a circle: {_cycles(graph)}"
 
 

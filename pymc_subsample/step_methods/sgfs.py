@@ -372,7 +372,21 @@ class SGFS(SubsampleStepBase):
     def stop_tuning(self) -> None:
         """End tuning; warn if the stationary spread predicted from it is off (class docs)."""
         if self.tune:
-            check_spread(self)
+            ratios = check_spread(
+                self._score_blocks,
+                self.fisher,
+                self._step_size(max(self.step_count, 1)),
+                self._posterior_precision,
+                control=self.control,
+                noise=self.noise,
+                n_rows=self.n_rows,
+                batch_size=self.batch_size,
+                preconditioner=self.preconditioner,
+                reference_found=self._reference is not None,
+                diagonal=self.diagonal,
+            )
+            if ratios is not None:
+                self.predicted_sd_ratios = ratios
         super().stop_tuning()
 
     def _posterior_precision(self, scores: np.ndarray) -> np.ndarray:
@@ -474,7 +488,14 @@ class SGFS(SubsampleStepBase):
         q_new = sgfs_step(self.rng, q, prior_grad, differences, self.n_rows, factors, offset)
         finite = bool(np.all(np.isfinite(q_new)))
         if not self.tune and self._ess.record(q_new if finite else q):
-            check_chain_ess(self)
+            check_chain_ess(
+                self._ess,
+                control=self.control,
+                n_rows=self.n_rows,
+                batch_size=self.batch_size,
+                others_in_rows=bool(self.oracles.other_variables_in_rows),
+                reference_found=self._reference is not None,
+            )
         stats = {
             "n_data": self.batch_size,
             "step_size": step_size,

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -24,9 +23,6 @@ from pymc_subsample.kernels.sgfs import (
     stationary_sd_ratios,
 )
 from pymc_subsample.warnings import warn_user
-
-if TYPE_CHECKING:
-    from pymc_subsample.step_methods.sgfs import SGFS
 
 __all__ = [
     "ESS_CHECK_EVERY",
@@ -113,23 +109,35 @@ class ChainESS:
         return float(min(n, float(np.min(n * (1.0 - r) / (1.0 + r)))))
 
 
-def check_chain_ess(step: SGFS) -> None:
-    """Warn once per chain when its own ESS is below :data:`MIN_ESS` (SGFS's Warns section)."""
-    monitor = step._ess
+def check_chain_ess(
+    monitor: ChainESS,
+    *,
+    control: bool,
+    n_rows: int,
+    batch_size: int,
+    others_in_rows: bool,
+    reference_found: bool,
+) -> None:
+    """Warn once per chain when its own ESS is below :data:`MIN_ESS` (SGFS's Warns section).
+
+    ``monitor`` is the chain's; ``control`` whether the step's gradient carries its control
+    variate, ``others_in_rows`` whether the rows read variables the step does not sample, and
+    ``reference_found`` whether it has a reference point (its advice depends on these).
+    """
     ess = monitor.ess()
     if monitor.warned or ess >= MIN_ESS:
         return
     monitor.warned = True
-    if step.control:
+    if control:
         advice = "a larger step_size (up to 4, where the mean jumps to the mode each step)"
     else:
-        per_draw = f"about N/n = {step.n_rows / step.batch_size:.0f} steps per effective draw"
+        per_draw = f"about N/n = {n_rows / batch_size:.0f} steps per effective draw"
         fix = (
             "sample the variables the rows read with this step (vars=None) so that its "
             "control variate applies"
-            if step.oracles.other_variables_in_rows
+            if others_in_rows
             else "start='reference' (the default) with its control variate"
-            if step._reference is None
+            if not reference_found
             else "control_variate='taylor1' at its default step size (about one effective "
             "draw per two steps)"
         )
@@ -149,49 +157,79 @@ def warn_low_ess(ess: float, draws: int, advice: str) -> None:
     )
 
 
-def check_spread(step: SGFS) -> None:
-    """Run the end-of-tuning checks of :class:`~pymc_subsample.SGFS` (its Warns section)."""
-    blocks = step._score_blocks[len(step._score_blocks) // 2 :]
-    if step.fisher is None or not blocks:
-        return
+def check_spread(
+    score_blocks: list[np.ndarray],
+    fisher: np.ndarray | None,
+    step_size: float,
+    posterior_precision: Callable[[np.ndarray], np.ndarray],
+    *,
+    control: bool,
+    noise: np.ndarray | None,
+    n_rows: int,
+    batch_size: int,
+    preconditioner: np.ndarray | None,
+    reference_found: bool,
+    diagonal: bool,
+) -> tuple[float, float] | None:
+    """Run the end-of-tuning checks of :class:`~pymc_subsample.SGFS` (its Warns section).
+
+    Read from the step: its tuning's ``score_blocks``, the Fisher average in use, the step
+    size at the end of tuning, its posterior curvature given the scores' covariance, whether
+    its gradient carries the control variate (and that variate's noise average), N, the batch,
+    its preconditioner, whether it has a reference point and whether its Fisher is diagonal.
+    Return the predicted stationary sds' smallest and largest ratio to the posterior's (None
+    where they were not predicted).
+    """
+    blocks = score_blocks[len(score_blocks) // 2 :]
+    if fisher is None or not blocks:
+        return None
     total = np.sum(blocks, axis=0)
     count = float(total[-1, 0])
     d = total.shape[1]
     scores, force = total[:d] / count, total[-2] / count
-    differences = total[d : 2 * d] / count if step.control else None
-    step_size = step._step_size(max(step.step_count, 1))
-    precision = step._posterior_precision(scores)
-    noise = step.noise if step.control else None
+    differences = total[d : 2 * d] / count if control else None
+    precision = posterior_precision(scores)
+    noise = noise if control else None
     try:
         predicted = stationary_covariance(
-            step.fisher,
+            fisher,
             scores,
-            step.n_rows,
-            step.batch_size,
+            n_rows,
+            batch_size,
             step_size,
-            step.preconditioner,
+            preconditioner,
             precision,
             noise,
             differences,
         )
         ratios = stationary_sd_ratios(predicted, precision)
     except np.linalg.LinAlgError:
-        return  # a singular score covariance: the Fisher check of the factors says so
-    step.predicted_sd_ratios = ratios
+        return None  # a singular score covariance: the Fisher check of the factors says so
     noisy = scores if differences is None else differences
-    if _warn_if_far(step, force, precision, count, noisy, step_size):
-        return
+    far = _warn_if_far(
+        force,
+        precision,
+        count,
+        noisy,
+        step_size,
+        n_rows=n_rows,
+        batch=batch_size,
+        control=control,
+        reference_found=reference_found,
+    )
+    if far:
+        return ratios
     if 1.0 / SPREAD_TOLERANCE <= ratios[0] and ratios[1] <= SPREAD_TOLERANCE:
-        return
+        return ratios
     advice = "lower step_size"
     within = largest_step_size_within(
         SPREAD_TOLERANCE,
         step_size,
-        step.fisher,
+        fisher,
         scores,
-        step.n_rows,
-        step.batch_size,
-        step.preconditioner,
+        n_rows,
+        batch_size,
+        preconditioner,
         precision,
         noise,
         differences,
@@ -204,9 +242,9 @@ def check_spread(step: SGFS) -> None:
         )
     start = (
         "start='reference' (the default) so that the average begins near the mode"
-        if step._reference is None
+        if not reference_found
         else "fisher='full'"
-        if step.diagonal
+        if diagonal
         else "more tuning draws"
     )
     warn_user(
@@ -216,15 +254,20 @@ def check_spread(step: SGFS) -> None:
         "the Fisher average I_hat equals the covariance of the scores and the posterior's "
         f"curvature over N, and over the last half of tuning it did not. Use {start}, or {advice}."
     )
+    return ratios
 
 
 def _warn_if_far(
-    step: SGFS,
     force: np.ndarray,
     precision: np.ndarray,
     count: float,
     noisy: np.ndarray,
     step_size: float,
+    *,
+    n_rows: int,
+    batch: int,
+    control: bool,
+    reference_found: bool,
 ) -> bool:
     """Warn (and return True) if the last half of tuning was still far from the mode.
 
@@ -238,7 +281,6 @@ def _warn_if_far(
     approaching the mode, whose draws are then spread along its path (``start="initial"`` on a
     linear regression: sds up to 15x too wide) or stuck (a tiny step size).
     """
-    n_rows, batch = step.n_rows, step.batch_size
     excess = float(np.linalg.eigvals(np.linalg.solve(precision, n_rows * noisy)).real.max())
     noise_share = 1.0 + n_rows / (batch * count) * max(excess, 1.0)
     distance_sq = float(force @ np.linalg.solve(precision, force)) / noise_share
@@ -246,7 +288,7 @@ def _warn_if_far(
         return False
     # Steps per effective sample, (2 - c) / c, for the contraction c = 2 / (s (1 + 4 / eps)) of
     # the default B, with s = gamma (eq. 8) or about 1 with the control variate.
-    scale = 1.0 if step.control else sgfs_gamma(n_rows, batch)
+    scale = 1.0 if control else sgfs_gamma(n_rows, batch)
     contraction = min(2.0 / (scale * (1.0 + 4.0 / step_size)), 1.0)
     per_sample = (2.0 - contraction) / contraction
     warn_user(
@@ -254,7 +296,7 @@ def _warn_if_far(
         f"half of tuning the chain was about {np.sqrt(distance_sq):.3g} posterior sds from "
         "the mode (by its mean gradient and the posterior's curvature), where a stationary "
         "chain is a few; its draws will still be approaching the mode. "
-        + ("Use start='reference' (the default), or " if step._reference is None else "Use ")
+        + ("Use start='reference' (the default), or " if not reference_found else "Use ")
         + f"more tuning draws (near the mode it needs about {per_sample:.3g} steps per "
         "effective sample; a larger step_size needs fewer)."
     )
