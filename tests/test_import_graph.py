@@ -18,10 +18,20 @@ import pytest
 PACKAGE = Path(__file__).parents[1] / "pymc_subsample"
 STEP_METHODS = "pymc_subsample.step_methods"
 
-#: Modules that define step classes: they may import any part.
+#: Modules that define step classes (or a piece of one, ``control_choice``'s base class of
+#: ``SubsampleMH``): they may import any part.
 STEPS = frozenset(
     f"{STEP_METHODS}.{name}"
-    for name in ("base", "austerity", "barker", "gibbs", "reversible_jump", "sgfs")
+    for name in (
+        "base",
+        "step_base",
+        "control_choice",
+        "austerity",
+        "barker",
+        "gibbs",
+        "reversible_jump",
+        "sgfs",
+    )
 )
 #: Modules (and packages, with every module inside them) that a step is made of: they may
 #: import each other and ``contracts``, never a step module.
@@ -29,6 +39,8 @@ PARTS = frozenset(
     f"{STEP_METHODS}.{name}"
     for name in (
         "acceptance_tests",
+        "arguments",
+        "constructor",
         "contracts",
         "control",
         "defaults",

@@ -7,73 +7,62 @@ acceptance test (``acceptance_tests``) into a draw (``docs/architecture.md``).
 
 from __future__ import annotations
 
-import inspect
 import math
-import os
-from abc import abstractmethod
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 from functools import partial
 from typing import Any, ClassVar
 
 import numpy as np
 import pymc as pm
 from numpy.typing import ArrayLike
-from pymc.blocking import DictToArrayBijection, PointType, RaveledVars, StatsType
-from pymc.step_methods.arraystep import ArrayStepShared
-from pymc.step_methods.compound import Competence, StepMethodState
+from pymc.blocking import RaveledVars
+from pymc.step_methods.compound import StepMethodState
 from pymc.step_methods.state import dataclass_state
-from pymc.util import RandomGenerator, get_random_generator, get_value_vars_from_user_vars
-from pytensor.graph.basic import Variable
+from pymc.util import RandomGenerator
 from pytensor.tensor.variable import TensorVariable
 
 from pymc_subsample.kernels.row_sampler import RowSampler
 from pymc_subsample.kernels.user_proposal import ProposalFunction, UserProposal
 from pymc_subsample.model.checks import discrete_names
-from pymc_subsample.model.imputation import imputed_value_vars
-from pymc_subsample.model.oracles import ModelOracles, build_oracles
-from pymc_subsample.reference import automatic_reference, funnel_explanation
-from pymc_subsample.reference_search import Optimum
 from pymc_subsample.step_methods.acceptance_tests import (
     AcceptanceTest,
     StatSpec,
-    setting_parameters,
 )
+from pymc_subsample.step_methods.arguments import (
+    check_choice,
+    check_discrete_request,
+    check_int,
+    check_proposal,
+    check_scaling,
+    check_temperature,
+    step_value_vars,
+)
+from pymc_subsample.step_methods.constructor import build_test, give_constructor
 from pymc_subsample.step_methods.contracts import ProposalKernel
 from pymc_subsample.step_methods.control import (
     CONTROL_VARIATES,
     ControlVariate,
-    ProxyTermsError,
     reference_vector,
 )
+from pymc_subsample.step_methods.control_choice import ControlVariateChoice
 from pymc_subsample.step_methods.defaults import (
     AUTO,
     CONTROLLED_BATCH_SIZE,
-    DEFAULT_CONTROL_VARIATE,
     INDEPENDENT_SPREAD,
     TRAJECTORY_GRADIENT_ROWS,
     control_variate_obstacle,
-    dropped_default_message,
     gradient_obstacle,
 )
 from pymc_subsample.step_methods.diagnostics import ChainDiagnostics
 from pymc_subsample.step_methods.fused_path import FusedDraw, fused_obstacle, seed_fused_draws
 from pymc_subsample.step_methods.progress import make_progressbar_updaters, progressbar_config
-from pymc_subsample.step_methods.proposal_parts import PROPOSAL_PARTS, ProposalPart, proposal_names
+from pymc_subsample.step_methods.proposal_parts import PROPOSAL_PARTS, ProposalPart
 from pymc_subsample.step_methods.proposal_parts.hamiltonian import HamiltonianPart
 from pymc_subsample.step_methods.proposal_parts.user import USER_PROPOSAL, user_part
-from pymc_subsample.step_methods.warning_relay import (
-    WARNING_STAT,
-    relay_if_worker,
-    relayed_warnings,
-)
+from pymc_subsample.step_methods.step_base import SubsampleStepBase
 from pymc_subsample.warnings import warn_user
 
-__all__ = ["STEP_STATS", "SubsampleMH", "SubsampleMHState", "SubsampleStepBase"]
-
-#: With a proposal function, the far-from-reference warning's distance limit is this many times
-#: the Gaussian one (``SubsampleMH._far_limit``).
-USER_PROPOSAL_FAR_FACTOR = 10.0
+__all__ = ["STEP_STATS", "SubsampleMH", "SubsampleMHState"]
 
 
 @dataclass_state
@@ -84,148 +73,6 @@ class SubsampleMHState(StepMethodState):
     tune: bool
     steps_until_tune: int
     accepted_since_tune: int
-
-
-class SubsampleStepBase(ArrayStepShared):
-    """A step on the raveled unconstrained vector that reads rows through compiled oracles.
-
-    Every subclass's ``stats_dtypes_shapes`` gains the ``warning`` stat, which carries the
-    warnings of a chain run in a worker process to the parent (``warning_relay``).
-    """
-
-    default_blocked = True
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        if "stats_dtypes_shapes" in cls.__dict__:
-            cls.stats_dtypes_shapes = {**cls.stats_dtypes_shapes, **WARNING_STAT}
-
-    def __init__(
-        self,
-        vars: Sequence[TensorVariable] | None,
-        *,
-        batch_size: int | None,
-        obs_dim: str | None,
-        model: pm.Model | None,
-        rng: RandomGenerator,
-        compile_kwargs: dict[str, Any] | None,
-        blocked: bool,
-        with_gradients: bool = False,
-        proxy_order: int = 0,
-        discrete: bool = False,
-    ) -> None:
-        model = pm.modelcontext(model)
-        vars = _step_value_vars(model, vars)
-        # None: the subclass chooses once it knows whether a control variate applies.
-        self.batch_size = (
-            0 if batch_size is None else _check_int("batch_size", batch_size, minimum=2)
-        )
-        if compile_kwargs is not None and not isinstance(compile_kwargs, dict):
-            raise TypeError(
-                "compile_kwargs must be a dict such as {'mode': 'NUMBA'}, "
-                f"got {compile_kwargs!r}."
-            )
-        initial_point = model.initial_point()
-        self.oracles: ModelOracles = build_oracles(
-            model,
-            vars,
-            initial_point=initial_point,
-            obs_dim=obs_dim,
-            compile_kwargs=compile_kwargs,
-            with_gradients=with_gradients,
-            proxy_order=proxy_order,
-            discrete=discrete,
-        )
-        self._initial_point = initial_point
-        #: Why the model has no mode in these variables (a centred hierarchy), or "".
-        self._funnel = funnel_explanation(model, vars)
-        #: Draws after tuning of the current chain, when PyMC says (PyMC 6's setup_chain).
-        self._chain_draws: int | None = None
-        #: The process that built the step; chains elsewhere relay their warnings to it.
-        self._home_pid = os.getpid()
-        _warn_row_length_deterministics(model, initial_point, self.oracles.n_rows)
-        super().__init__(vars, self.oracles.shared, blocked=blocked, rng=rng)
-
-    @property
-    def n_rows(self) -> int:
-        """Number of rows N on the row axis."""
-        return self.oracles.n_rows
-
-    # PyMC 6 calls setup_chain, PyMC 5 calls set_rng, at the start of every chain (in the worker
-    # process too): both seed the chain's generator and re-read data changed by pm.set_data.
-    def setup_chain(self, rng: RandomGenerator, tune: int, draws: int) -> None:
-        """Use the chain's random generator and the model's current data (PyMC 6 hook)."""
-        relay_if_worker(self._home_pid)
-        self.rng = get_random_generator(rng, copy=False)
-        self._chain_draws = draws
-        self._sync_data()
-        self._start_chain(tune=tune > 0)
-
-    def set_rng(self, rng: RandomGenerator) -> None:
-        """Use the chain's random generator and the model's current data (PyMC 5 hook)."""
-        relay_if_worker(self._home_pid)
-        self.rng = get_random_generator(rng, copy=False)
-        self._sync_data()
-        # PyMC 5 does not say whether the chain tunes; its loops call stop_tuning() at draw
-        # ``tune``, at once when tune=0, and the sequential loop sets ``tune`` after this call.
-        self._start_chain(tune=True)
-
-    def step(self, point: PointType) -> tuple[PointType, StatsType]:
-        """Take a step; the ``warning`` stat carries a worker process's warnings to the parent.
-
-        The same mapping as PyMC's ``ArrayStepShared.step`` (``DictToArrayBijection``), made
-        cheaper for the draw it wraps (about 3 us of a 30 us draw): a single variable is
-        raveled without a copy and the new point's arrays are views of the step's result
-        (cast only where the variable's dtype differs). Nothing here or in ``astep`` writes
-        into the arrays it is given.
-        """
-        own = point
-        if self.shared:
-            for name, shared_var in self.shared.items():
-                shared_var.set_value(point[name], borrow=True)
-            own = {name: point[name] for name in self.var_names}
-        if len(own) == 1:
-            ((name, value),) = own.items()
-            value = np.asarray(value)
-            q = RaveledVars(value.ravel(), ((name, value.shape, value.size, value.dtype),))
-        else:
-            q = DictToArrayBijection.map(own)
-        moved, stats = self.astep(q)
-        new_point = point.copy() if self.shared else {}
-        data, start = moved.data, 0
-        for name, shape, size, dtype in moved.point_map_info:
-            value = data[start : start + size].reshape(shape)
-            new_point[name] = value if value.dtype == dtype else value.astype(dtype)
-            start += size
-        stats[0]["warning"] = relayed_warnings()
-        return new_point, stats
-
-    def _sync_data(self) -> None:
-        if self.oracles.refresh_data():
-            self._rebuild_for_data()
-
-    def _rebuild_for_data(self) -> None:
-        """Rebuild what depends on the data after ``pm.set_data`` (a subclass extends this)."""
-
-    def _start_chain(self, tune: bool) -> None:
-        """Start a chain from the step's initial tuning state, as a fresh step would.
-
-        PyMC's sequential loop calls ``reset_tuning`` after ``setup_chain``, but its parallel
-        path does not: a step reused after an earlier ``pm.sample`` (``tune`` off, scale
-        adapted, warnings given) would otherwise be pickled into the workers in that state and
-        sample a new chain without tuning.
-        """
-        self.tune = tune
-        self.reset_tuning()
-
-    @abstractmethod
-    def reset_tuning(self) -> None:
-        """Return to the step's state before any tuning, for a new chain."""
-
-    @staticmethod
-    def competence(var: Variable, has_grad: bool) -> Competence:
-        """Never assigned automatically: the step is approximate and must be chosen knowingly."""
-        return Competence.INCOMPATIBLE
 
 
 #: The stats every Metropolis-Hastings step adds to its test's (``SubsampleMH._draw_stats``
@@ -242,7 +89,7 @@ STEP_STATS: dict[str, StatSpec] = {
 }
 
 
-class SubsampleMH(SubsampleStepBase):
+class SubsampleMH(SubsampleStepBase, ControlVariateChoice):
     """Metropolis-Hastings whose accept test looks at a subset of the rows.
 
     A step is this class with a test: ``class MyMH(SubsampleMH, test=MyTest)`` (an
@@ -268,7 +115,7 @@ class SubsampleMH(SubsampleStepBase):
             cls.test_class = test
             cls.stats_dtypes_shapes = {**test.stats, **test.setting_stats, **STEP_STATS}
             if "__init__" not in cls.__dict__:
-                _give_constructor(cls, test)
+                give_constructor(cls, test, SubsampleMH.__init__)
         super().__init_subclass__(**kwargs)
 
     def __init__(
@@ -294,12 +141,12 @@ class SubsampleMH(SubsampleStepBase):
     ) -> None:
         #: The test part, built from the test's settings first (they are checked before the
         #: model is compiled).
-        self.test: AcceptanceTest = _build_test(type(self), test_settings)
-        self.temperature = _check_temperature(temperature)
-        self.tune_interval = _check_int("tune_interval", tune_interval, minimum=1)
-        requested_proposal = _check_proposal(proposal, proposal_cov)
-        requested = _check_choice("control_variate", control_variate, (AUTO, *CONTROL_VARIATES))
-        self.recenter = _check_choice("recenter", recenter, (None, "tune"))
+        self.test: AcceptanceTest = build_test(type(self), test_settings)
+        self.temperature = check_temperature(temperature)
+        self.tune_interval = check_int("tune_interval", tune_interval, minimum=1)
+        requested_proposal = check_proposal(proposal, proposal_cov)
+        requested = check_choice("control_variate", control_variate, (AUTO, *CONTROL_VARIATES))
+        self.recenter = check_choice("recenter", recenter, (None, "tune"))
         if requested is None and (reference_point is not None or recenter):
             raise ValueError(
                 "reference_point and recenter apply to control variates: pass "
@@ -307,9 +154,9 @@ class SubsampleMH(SubsampleStepBase):
             )
         #: The step's discrete variables: sampled only by a proposal function that keeps them
         #: on their support (a reversible-jump proposal), without a control variate.
-        self.discrete_vars = discrete_names(_step_value_vars(model, vars))
+        self.discrete_vars = discrete_names(step_value_vars(model, vars))
         if self.discrete_vars:
-            _check_discrete_request(self.discrete_vars, requested_proposal, requested)
+            check_discrete_request(self.discrete_vars, requested_proposal, requested)
             requested = None
         super().__init__(
             vars,
@@ -370,7 +217,7 @@ class SubsampleMH(SubsampleStepBase):
         self._tune_steps = 0
         #: Set at each chain's start (reset_tuning): move a far first point near the reference.
         self._start_near_reference = False
-        self._initial_scaling = _check_scaling(scaling, n_params, self.proposal_part)
+        self._initial_scaling = check_scaling(scaling, n_params, self.proposal_part)
         if self._user_proposal is not None:
             initial = reference_vector(self._initial_point, self.vars, self._initial_point)
             self._user_proposal.check(np.random.default_rng(0), initial, self._initial_scaling)
@@ -447,35 +294,6 @@ class SubsampleMH(SubsampleStepBase):
         """Whether the proposal adapts a diagonal mass during tuning (HMC, no covariance)."""
         return isinstance(self.proposal_part, HamiltonianPart) and self.proposal_part.adapts_mass
 
-    @property
-    def _laplace_proposal(self) -> bool:
-        """Whether the proposal uses the control variate's Laplace covariance.
-
-        Where the step chose the covariance and its control variate is expanded in ``q``; in
-        the likelihood's parameters the Laplace covariance at the mode describes the posterior
-        badly, and an HMC proposal adapts a diagonal mass instead.
-        """
-        return (
-            self._own_covariance
-            and self.control is not None
-            and self.oracles.expansion == "unconstrained"
-        )
-
-    def _far_limit(self, limit: float) -> float | None:
-        """Return the squared distance from the reference beyond which to warn (None: never).
-
-        The Gaussian limit where the Laplace approximation describes the posterior; with a
-        proposal function, which may keep the chain on a set (a manifold) that approximation
-        does not describe, ``USER_PROPOSAL_FAR_FACTOR`` times farther: a reference point on
-        another copy of the mode than the chain's (``examples/ica_stiefel.py``) is hundreds of
-        sds away. None where the search measured the posterior skewed.
-        """
-        if self.laplace_spread > INDEPENDENT_SPREAD:
-            return None
-        if self._user_proposal is not None:
-            return USER_PROPOSAL_FAR_FACTOR**2 * limit
-        return limit
-
     def _rebuild_for_data(self) -> None:
         # New data (pm.set_data): new N for the row sampler and the diagnostics, and new
         # gradient and Hessian sums for the control variate, found again when it was automatic.
@@ -510,129 +328,6 @@ class SubsampleMH(SubsampleStepBase):
             can_control=not self.discrete_vars
             and not control_variate_obstacle(self.oracles, self.temperature),
         )
-
-    def _resolve_control_variate(self, requested: str | None, reference_point: Any) -> str | None:
-        """Choose the control variate: ``requested``, or for "auto" taylor2 where it applies.
-
-        Where the default cannot apply the step runs without and says why, once
-        (``step_methods/defaults.py``); a ``reference_point`` given with it is an error then.
-        """
-        if requested != AUTO:
-            return requested
-        obstacle = control_variate_obstacle(self.oracles, self.temperature)
-        if obstacle is None:
-            return DEFAULT_CONTROL_VARIATE
-        if reference_point is not None:
-            raise ValueError(
-                f"reference_point was given but no control variate can be used: {obstacle}."
-                if obstacle
-                else "reference_point was given for a tempered posterior (temperature != 1), "
-                "where control_variate='auto' uses none: pass control_variate='taylor2'."
-            )
-        self._drop_default(obstacle)
-        return None
-
-    def _drop_default(self, reason: str) -> None:
-        if reason:
-            self.dropped_default = reason
-            warn_user(dropped_default_message(type(self).__name__, reason))
-
-    def _make_control_variate(self, reference_point: Any) -> ControlVariate | None:
-        """Expand at ``reference_point``, or at the automatic reference when it is None.
-
-        With ``control_variate="auto"`` a failed automatic search drops the control variate
-        (returns None, with a warning), or expands it in the likelihood's parameters at a mode
-        that fails only the Laplace check; an explicit control variate refuses it. Called
-        again after ``pm.set_data``, it decides afresh for the new data.
-        """
-        self.oracles = self.oracles.in_unconstrained()
-        optimum = (
-            automatic_reference(self.oracles, self._funnel)
-            if reference_point is None
-            else self._measured_reference(reference_point)
-        )
-        if optimum is not None:
-            if optimum.failure is not None:
-                if self._automatic and optimum.at_mode:
-                    control = self._likelihood_control_variate(optimum)
-                    if control is not None:
-                        return control
-                if reference_point is not None:  # the user's point: refused with its failure
-                    reference_vector(reference_point, self.vars, self._initial_point)
-                if self._automatic:
-                    self._drop_default(
-                        f"the search for a reference point failed: {optimum.failure}"
-                    )
-                    return None
-                raise ValueError(
-                    f"The step's search for a reference point failed: {optimum.failure}. "
-                    "pms.find_reference_point() names the cause in hierarchical models."
-                )
-            self.reference_rows = optimum.n_row_evaluations if reference_point is None else 0
-            self.laplace_spread = optimum.laplace_log_weight_sd
-            reference, row_sums = optimum.q, optimum.row_sums  # the search's own pass
-        else:
-            reference = reference_vector(reference_point, self.vars, self._initial_point)
-            row_sums = None  # the point may come from other data: one pass here
-        try:
-            control = ControlVariate(self.oracles, reference, self.temperature, row_sums)
-        except ProxyTermsError as error:
-            if self._automatic:
-                self._drop_default(str(error))
-                return None
-            raise ValueError(
-                f"control_variate={self.control_variate!r} cannot be used on this model: {error}. "
-                "Pass control_variate=None."
-            ) from error
-        if control.n_clipped:
-            warn_user(
-                f"The log posterior's Hessian at the reference point has {control.n_clipped} "
-                "non-negative eigenvalue(s): the point is not near a mode, so the Laplace "
-                "proposal covariance was clipped and the Taylor proxies will be poor. Use "
-                "pms.find_reference_point or pass proposal_cov.",
-            )
-        return control
-
-    def _measured_reference(self, reference_point: Any) -> Optimum | None:
-        """Return a passed search result as the step's own search would have, or None.
-
-        A :class:`~pymc_subsample.ReferencePoint` over exactly the step's variables carries
-        what the search measured there (the Laplace check, whether it is a mode): the step
-        then chooses its control variate and proposal as it would from its own search
-        (issue 37, item 4). Its row sums are not reused (the point may come from other
-        data: one pass here). None for a plain dict, or a result over other variables,
-        whose Laplace check described another posterior.
-        """
-        point = getattr(reference_point, "point", None)
-        names = [str(var.name) for var in self.vars]
-        if not isinstance(reference_point, Optimum) or point is None or set(point) != set(names):
-            return None
-        ordered = {name: point[name] for name in names}
-        q = reference_vector(ordered, self.vars, self._initial_point)
-        return replace(reference_point, q=q, row_sums=None)
-
-    def _likelihood_control_variate(self, optimum: Optimum) -> ControlVariate | None:
-        """Expand in the likelihood's parameters at a mode whose Laplace check failed.
-
-        A non-centred hierarchy's posterior in ``q`` is a curved ridge, which a Taylor proxy in
-        ``q`` cannot follow; its likelihood reads only the group effects ``a = mu + sd * z``
-        (and the other parameters the rows see), on which the data put a close-to-Gaussian
-        posterior. Expanded in those (``model/likelihood_parameters.py``), around ``phi`` of
-        the mode, the second-order proxies hold where the chain goes. None where the model has
-        no such parameters (no more of them than ``q``), or their proxies fail the check of
-        :class:`ControlVariate`. The proposal does not use the (poor) Laplace covariance.
-        """
-        oracles = self.oracles.in_likelihood_parameters()
-        if oracles is None:
-            return None
-        try:
-            control = ControlVariate(oracles, optimum.q, self.temperature, optimum.row_sums)
-        except ProxyTermsError:
-            return None
-        self.oracles = oracles
-        self.reference_rows = optimum.n_row_evaluations
-        self.laplace_spread = optimum.laplace_log_weight_sd
-        return control
 
     def _resolve_proposal(self, requested: str, proposal_cov: ArrayLike | None) -> str:
         """Choose the proposal: ``requested``, or for "auto" the independent or random walk.
@@ -750,25 +445,6 @@ class SubsampleMH(SubsampleStepBase):
             self.proposal_part.after_decision(self, q_new if decision.accepted else q_old, decision)
         return (q_new if decision.accepted else q_old), decision._asdict()
 
-    def _chain_start(self, q: np.ndarray) -> np.ndarray:
-        """Where a chain with a control variate starts: near the reference point.
-
-        A start beyond the reference's chi-square(d) 1 - 1e-6 Mahalanobis limit (the model's
-        initial point, typically) makes every draw's test read most rows until the chain
-        arrives: Barker with a control variate read ~182,000 of 1e6 rows per draw for its first
-        500 draws. Such a start, where the Laplace approximation puts probability below 1e-6,
-        is replaced by a draw from the Laplace approximation at the reference (each chain its
-        own, from its own generator); a nearer start, such as ``initvals=ref.initvals``, is
-        kept. Only at a chain's first draw, with or without tuning (``tune=0`` would otherwise
-        keep the whole approach to the posterior among its draws).
-        """
-        self._start_near_reference = False
-        control = self.control
-        if control is None or control.distance_sq(q) <= control.limit:
-            return q
-        start = control.laplace_draw(self.rng)
-        return start if np.isfinite(self.oracles.log_prior(start)) else control.reference
-
     def _record_tuning_draw(self, q: np.ndarray) -> None:
         if self._tune_steps % self.tune_interval == 0:
             self._tune_blocks.append(np.zeros(q.size + 1))
@@ -830,141 +506,3 @@ class SubsampleMH(SubsampleStepBase):
         # Not for a user's proposal, which may keep the chain on a set a Laplace draw leaves.
         self._start_near_reference = self.control is not None and self._user_proposal is None
         self.diagnostics.reset(self._chain_draws)
-
-
-def _step_value_vars(
-    model: pm.Model | None, vars: Sequence[TensorVariable] | None
-) -> list[TensorVariable]:
-    """Return the value variables a step samples: ``vars``, else all the model's.
-
-    Imputed missing values (``y_unobserved``) are left to PyMC's own step by default.
-    """
-    model = pm.modelcontext(model)
-    if vars is None:
-        imputed = imputed_value_vars(model)
-        return [value for value in model.value_vars if value not in imputed]
-    return list(get_value_vars_from_user_vars(vars, model))
-
-
-def _check_discrete_request(names: list[str], proposal: str, control_variate: str | None) -> None:
-    """Refuse discrete variables unless a proposal function moves them, without control variate."""
-    if proposal != USER_PROPOSAL:
-        raise ValueError(
-            f"Discrete variables {names} cannot be moved by proposal={proposal!r}, which is "
-            "continuous. Pass only continuous variables in `vars` and let pm.sample assign "
-            "another step to the discrete ones (pms.AusterityGibbs for pm.Bernoulli, "
-            "pm.CategoricalGibbsMetropolis, pm.Metropolis), or use pms.ReversibleJumpMH for "
-            "variable selection, or give a proposal function that keeps them on their support."
-        )
-    if control_variate not in (AUTO, None):
-        raise ValueError(
-            f"control_variate={control_variate!r} needs gradients, and the step samples discrete "
-            f"variables {names}: pass control_variate=None."
-        )
-
-
-def _check_int(name: str, value: Any, *, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}.")
-    return int(value)
-
-
-def _check_proposal(proposal: Any, proposal_cov: ArrayLike | None) -> str:
-    """Return the requested proposal's name, ``USER_PROPOSAL`` for a function."""
-    if isinstance(proposal, str) or not callable(proposal):
-        if not isinstance(proposal, str):
-            raise TypeError(
-                f"proposal must be one of {proposal_names()} or a function (rng, q, scaling) -> "
-                f"(q_new, log_proposal_ratio), got {proposal!r}."
-            )
-        return str(_check_choice("proposal", proposal, proposal_names()))
-    if proposal_cov is not None:
-        raise ValueError(
-            "proposal_cov shapes the package's own proposals; a proposal function draws with "
-            "its own spread: leave proposal_cov out (the function gets the tuned `scaling`)."
-        )
-    return USER_PROPOSAL
-
-
-def _check_choice(name: str, value: Any, options: tuple[Any, ...]) -> Any:
-    if value not in options:
-        raise ValueError(f"{name} must be one of {options}, got {value!r}.")
-    return value
-
-
-def _check_temperature(temperature: float) -> float:
-    value = float(temperature)
-    if not (np.isfinite(value) and value > 0):
-        raise ValueError(
-            f"temperature must be a positive finite number, got {temperature!r}. It divides "
-            "the log-likelihood: 1 is the untempered posterior."
-        )
-    return value
-
-
-def _check_scaling(scaling: float | None, n_params: int, part: ProposalPart) -> float:
-    if scaling is None:
-        return part.default_scaling(n_params)
-    value = float(scaling)
-    if not (np.isfinite(value) and value > 0):
-        raise ValueError(f"scaling must be a positive finite number, got {scaling!r}.")
-    return value
-
-
-def _warn_row_length_deterministics(
-    model: pm.Model, initial_point: dict[str, np.ndarray], n_rows: int
-) -> None:
-    if not model.deterministics:
-        return
-    shape_graphs = model.replace_rvs_by_values([det.shape for det in model.deterministics])
-    shapes = model.compile_fn(
-        shape_graphs, inputs=model.value_vars, point_fn=True, on_unused_input="ignore"
-    )(initial_point)
-    long = [
-        det.name
-        for det, shape in zip(model.deterministics, shapes, strict=True)
-        if len(shape) > 0 and shape[0] == n_rows
-    ]
-    if long:
-        warn_user(
-            f"Deterministics {long} have one entry per row; PyMC evaluates them in full at every "
-            "recorded draw, which costs O(N) whatever the step does. Leave them out with "
-            "pm.sample(var_names=[...]) and compute them afterwards if needed.",
-        )
-
-
-def _build_test(step_class: type[SubsampleMH], settings: dict[str, Any]) -> AcceptanceTest:
-    """Build the step class's test from the constructor's remaining keyword arguments."""
-    test = step_class.test_class
-    if test is None:
-        raise TypeError(
-            f"{step_class.__name__} has no acceptance test: use pms.AusterityMH or "
-            "pms.MinibatchBarkerMH, or make a step with class MyMH(pms.SubsampleMH, test=MyTest)."
-        )
-    known = {parameter.name for parameter in setting_parameters(test)}
-    unknown = sorted(set(settings) - known)
-    if unknown:
-        raise TypeError(
-            f"{step_class.__name__} got unexpected keyword argument(s) {unknown}; its test "
-            f"{test.__name__} takes {sorted(known) or 'none'}."
-        )
-    return test(**settings)
-
-
-def _give_constructor(step_class: type[SubsampleMH], test: type[AcceptanceTest]) -> None:
-    """Give ``step_class`` a constructor whose signature names the test's settings too.
-
-    The constructor is ``SubsampleMH.__init__``; only its signature (what ``help``, IDEs and
-    the API docs show) gains the test's keyword arguments after ``vars``.
-    """
-
-    def __init__(self: SubsampleMH, vars: Any = None, **settings: Any) -> None:
-        SubsampleMH.__init__(self, vars, **settings)
-
-    base = list(inspect.signature(SubsampleMH.__init__).parameters.values())
-    own = [p for p in base if p.kind is not inspect.Parameter.VAR_KEYWORD]
-    signature = inspect.Signature([*own[:2], *setting_parameters(test), *own[2:]])
-    __init__.__signature__ = signature  # type: ignore[attr-defined]
-    __init__.__qualname__ = f"{step_class.__qualname__}.__init__"
-    __init__.__doc__ = f"Build the step; see :class:`{step_class.__name__}` for the arguments."
-    setattr(step_class, "__init__", __init__)  # noqa: B010

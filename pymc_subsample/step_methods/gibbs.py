@@ -18,7 +18,8 @@ from pymc_subsample.kernels.gibbs import GibbsSweepInfo, binary_gibbs_sweep
 from pymc_subsample.kernels.row_sampler import RowSampler
 from pymc_subsample.step_methods.acceptance_tests import StatSpec
 from pymc_subsample.step_methods.acceptance_tests.sequential_t import _check_error_tolerance
-from pymc_subsample.step_methods.base import SubsampleStepBase, _check_choice, _check_int
+from pymc_subsample.step_methods.arguments import check_choice, check_int
+from pymc_subsample.step_methods.step_base import SubsampleStepBase
 
 __all__ = ["AusterityGibbs"]
 
@@ -121,8 +122,8 @@ class AusterityGibbs(SubsampleStepBase):
     ) -> None:
         model = pm.modelcontext(model)
         self.error_tolerance = _check_error_tolerance(error_tolerance)
-        self.order = _check_choice("order", order, ("random", "sequential"))
-        batch_size = _check_int("batch_size", batch_size, minimum=2)
+        self.order = check_choice("order", order, ("random", "sequential"))
+        batch_size = check_int("batch_size", batch_size, minimum=2)
         super().__init__(
             _binary_value_vars(model, vars),
             batch_size=batch_size,

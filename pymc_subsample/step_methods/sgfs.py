@@ -23,7 +23,7 @@ from pymc_subsample.kernels.sgfs import (
     update_fisher_average,
 )
 from pymc_subsample.reference import automatic_reference
-from pymc_subsample.step_methods.base import SubsampleStepBase, _check_choice
+from pymc_subsample.step_methods.arguments import check_choice
 from pymc_subsample.step_methods.control import reference_vector
 from pymc_subsample.step_methods.sgfs_checks import (
     SPREAD_TOLERANCE,
@@ -38,6 +38,7 @@ from pymc_subsample.step_methods.sgfs_start import (
     reference_fisher,
     reference_score_sum,
 )
+from pymc_subsample.step_methods.step_base import SubsampleStepBase
 from pymc_subsample.warnings import warn_user
 
 __all__ = ["SGFS", "PolynomialStepSize", "SPREAD_TOLERANCE"]
@@ -233,15 +234,15 @@ class SGFS(SubsampleStepBase):
     ) -> None:
         self._given_step_size = check_step_size(step_size, step_size_schedule)
         self.step_size_schedule = step_size_schedule
-        self.diagonal = _check_choice("fisher", fisher, ("full", "diagonal")) == "diagonal"
+        self.diagonal = check_choice("fisher", fisher, ("full", "diagonal")) == "diagonal"
         self.adapt_always = (
-            _check_choice("adapt_fisher", adapt_fisher, ("tune", "always")) == "always"
+            check_choice("adapt_fisher", adapt_fisher, ("tune", "always")) == "always"
         )
-        self.start = _check_choice("start", start, ("reference", "initial"))
+        self.start = check_choice("start", start, ("reference", "initial"))
         if reference_point is not None and self.start != "reference":
             raise ValueError("reference_point is where chains start: pass start='reference'.")
         self._reference_point = reference_point
-        control = _check_choice("control_variate", control_variate, ("auto", None, "taylor1"))
+        control = check_choice("control_variate", control_variate, ("auto", None, "taylor1"))
         if control == "taylor1" and self.start != "reference":
             raise ValueError(
                 "control_variate='taylor1' expands at the reference point: pass "
