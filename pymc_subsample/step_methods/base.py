@@ -327,6 +327,7 @@ class SubsampleMH(SubsampleStepBase, ControlVariateChoice):
             control_variate=self.control is not None,
             can_control=not self.discrete_vars
             and not control_variate_obstacle(self.oracles, self.temperature),
+            skewed_posterior=self.laplace_spread > INDEPENDENT_SPREAD,
         )
 
     def _resolve_proposal(self, requested: str, proposal_cov: ArrayLike | None) -> str:
