@@ -73,6 +73,23 @@ def sgld_chain(
     return draws, stamps
 
 
+def nuts_setup(model: pm.Model) -> pm.NUTS:
+    """Build PyMC's NUTS on ``model`` and evaluate its log density and gradient once.
+
+    What NUTS pays before its first draw: compiling both and one full-data evaluation at the
+    start (the set-up the benchmarks compare a step's construction with).
+    """
+    from pymc.blocking import DictToArrayBijection
+
+    with model:
+        step = pm.NUTS()
+    point = model.initial_point()
+    function = step._logp_dlogp_func
+    function.set_extra_values({})
+    function(DictToArrayBijection.map({v.name: point[v.name] for v in model.value_vars}))
+    return step
+
+
 def steps_per_second(step_fn: Callable[[], Any], min_seconds: float = 2.0) -> tuple[float, int]:
     """Call ``step_fn`` repeatedly for at least ``min_seconds``; return (rate, calls)."""
     step_fn()

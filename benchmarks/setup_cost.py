@@ -45,7 +45,7 @@ import time
 from typing import Any
 
 import numpy as np
-from common import logistic_data, write_json
+from common import logistic_data, nuts_setup, write_json
 
 SAMPLERS = ("austerity", "barker", "nuts", "nutpie")
 STEP_DRAWS = {"tune": 200, "draws": 1_000}
@@ -101,14 +101,7 @@ def child(sampler: str, data_path: str) -> dict[str, Any]:
 
             nutpie.compile_pymc_model(model)
         elif sampler == "nuts":
-            from pymc.blocking import DictToArrayBijection
-
-            step = pm.NUTS()
-            point = model.initial_point()
-            function = step._logp_dlogp_func
-            function.set_extra_values({})
-            # One full-data evaluation of the log density and its gradient, at the start.
-            function(DictToArrayBijection.map({v.name: point[v.name] for v in model.value_vars}))
+            step = nuts_setup(model)
         else:
             step_class = pms.AusterityMH if sampler == "austerity" else pms.MinibatchBarkerMH
             step = step_class()

@@ -1,0 +1,182 @@
+"""A user's first build: ``AusterityMH()`` against NUTS's set-up, cold and warm caches (issue 37).
+
+Three models a new user brings, each at ``--rows`` rows (default 1e5 and 1e6), generated with
+fixed seeds:
+
+- ``glm``: logistic regression, 10 coefficients (``common.logistic_model``);
+- ``student_t``: a Student-t regression with free ``nu``, 5 coefficients and a free scale;
+- ``hierarchy``: a non-centred hierarchical logistic regression written with ``coords``/``dims``
+  and ``pm.Data``, 200 groups whose shares follow Dirichlet(0.7) (from a handful of rows to
+  thousands), 4 fixed effects.
+
+Each measurement runs in a fresh process with its own PyTensor compile directory and Numba
+cache directory. "Cold" is the first process on an empty pair (a user's first run on a model);
+"warm" a second process on the same directories (every run after it). Per process:
+``setup_seconds`` is the time to build the sampler after the model is built: for ours,
+``pms.AusterityMH()``; for NUTS, ``pm.NUTS()`` and one full-data evaluation of the log density
+and its gradient (what NUTS pays before its first draw, as ``setup_cost.py`` measures it).
+Both include starting PyTensor's Numba backend, which the first compile of a process pays.
+Reported: the seconds, ``ratio`` (ours over NUTS's, cold and warm), the proposal, control
+variate and expansion the step chose, and the compile time of each of the step's compiled
+functions at its first call (``first_calls``: which graphs cost the build).
+
+Run ``python benchmarks/first_build.py`` (``--rows 100000``: about 15 minutes on 2 cores; the
+hierarchy's cold build at 1e6 rows alone took more than 30 minutes); ``--models hierarchy`` for a
+part. Writes ``results/first_build.json`` after each case.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+import numpy as np
+from common import logistic_data, logistic_model, nuts_setup, write_json
+
+MODELS = ("glm", "student_t", "hierarchy")
+SAMPLERS = ("austerity", "nuts")
+N_GROUPS = 200
+
+
+def build_model(name: str, n_rows: int) -> Any:
+    """The model ``name`` on ``n_rows`` rows of its synthetic data (fixed seeds)."""
+    import pymc as pm
+
+    rng = np.random.default_rng(0)
+    if name == "glm":
+        return logistic_model(*logistic_data(n_rows, 10))
+    if name == "student_t":
+        X = rng.normal(size=(n_rows, 5))
+        y = X @ rng.normal(size=5) + 0.5 * rng.standard_t(4.0, size=n_rows)
+        with pm.Model() as model:
+            beta = pm.Normal("beta", 0.0, 5.0, shape=5)
+            scale = pm.HalfNormal("scale", 2.0)
+            nu = pm.Gamma("nu", 2.0, 0.1)
+            pm.StudentT("y", nu=nu, mu=X @ beta, sigma=scale, observed=y)
+        return model
+    shares = rng.dirichlet(np.full(N_GROUPS, 0.7))
+    group = rng.choice(N_GROUPS, size=n_rows, p=shares)
+    X = rng.normal(size=(n_rows, 4))
+    eta = rng.normal(0.0, 0.8, N_GROUPS)[group] + X @ rng.normal(0.0, 0.5, 4)
+    y = rng.binomial(1, 1.0 / (1.0 + np.exp(-eta)))
+    coords = {"group": np.arange(N_GROUPS), "feature": np.arange(4), "obs": np.arange(n_rows)}
+    with pm.Model(coords=coords) as model:
+        features = pm.Data("X", X, dims=("obs", "feature"))
+        group_index = pm.Data("group_index", group, dims="obs")
+        mu = pm.Normal("mu", 0.0, 2.0)
+        sigma = pm.HalfNormal("sigma", 1.0)
+        z = pm.Normal("z", 0.0, 1.0, dims="group")
+        effect = pm.Deterministic("effect", mu + sigma * z, dims="group")
+        b = pm.Normal("b", 0.0, 1.0, dims="feature")
+        pm.Bernoulli("y", logit_p=effect[group_index] + features @ b, observed=y, dims="obs")
+    return model
+
+
+def _record_first_calls() -> list[tuple[str, float]]:
+    """Time each of the step's compiled functions at its first call (compile + first run)."""
+    from pymc_subsample.model import compiled
+
+    calls: list[tuple[str, float]] = []
+    original = compiled.LazyFunction.__call__
+
+    def timed(self: Any, *args: Any) -> Any:
+        if self.compiled:
+            return original(self, *args)
+        start = time.perf_counter()
+        out = original(self, *args)
+        builder = getattr(self._build, "func", self._build)
+        calls.append((getattr(builder, "__name__", repr(builder)), time.perf_counter() - start))
+        return out
+
+    compiled.LazyFunction.__call__ = timed  # type: ignore[method-assign]
+    return calls
+
+
+def child(model_name: str, sampler: str, n_rows: int) -> dict[str, Any]:
+    """Build one sampler on one model in this (fresh) process; return its timings."""
+
+    import pymc_subsample as pms
+
+    calls = _record_first_calls()
+    model = build_model(model_name, n_rows)
+    with model:
+        model.initial_point()
+    result: dict[str, Any] = {}
+    start = time.perf_counter()
+    with model:
+        if sampler == "nuts":
+            nuts_setup(model)
+        else:
+            step = pms.AusterityMH()
+            result.update(
+                proposal=step.proposal_kind,
+                control_variate=step.control_variate,
+                expansion=step.oracles.expansion,
+                draw_path=step.draw_path,
+            )
+    result["setup_seconds"] = time.perf_counter() - start
+    result["first_calls"] = {name: round(seconds, 2) for name, seconds in calls}
+    return result
+
+
+def run_child(model_name: str, sampler: str, n_rows: int, caches: str) -> dict[str, Any]:
+    """Run :func:`child` in a fresh process whose PyTensor and Numba caches are in ``caches``."""
+    env = dict(os.environ)
+    env["PYTENSOR_FLAGS"] = f"base_compiledir={caches}/pytensor"
+    env["NUMBA_CACHE_DIR"] = f"{caches}/numba"
+    out = subprocess.run(
+        [sys.executable, __file__, "--child", model_name, sampler, str(n_rows)],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if out.returncode != 0:
+        raise RuntimeError(f"{model_name} / {sampler} failed:\n{out.stderr[-3000:]}")
+    return dict(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+def measure(model_name: str, n_rows: int) -> dict[str, Any]:
+    """Cold then warm runs of each sampler, each sampler on caches of its own."""
+    runs: dict[str, Any] = {}
+    for sampler in SAMPLERS:
+        with tempfile.TemporaryDirectory() as caches:
+            cold = run_child(model_name, sampler, n_rows, caches)
+            warm = run_child(model_name, sampler, n_rows, caches)
+        runs[sampler] = {"cold": cold, "warm": warm}
+        print(
+            f"{model_name} N={n_rows:,} {sampler}: cold {cold['setup_seconds']:.1f} s, "
+            f"warm {warm['setup_seconds']:.1f} s",
+            flush=True,
+        )
+    ratios = {
+        caches: runs["austerity"][caches]["setup_seconds"] / runs["nuts"][caches]["setup_seconds"]
+        for caches in ("cold", "warm")
+    }
+    return {"runs": runs, "ratio_to_nuts": ratios}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, nargs="+", default=[100_000, 1_000_000])
+    parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
+    args = parser.parse_args()
+    results: dict[str, Any] = {}
+    for model_name in args.models:
+        for n_rows in args.rows:
+            results[f"{model_name}_{n_rows}"] = measure(model_name, n_rows)
+            # Written after each case: a long run stopped part-way keeps what it measured.
+            write_json("first_build", {"n_groups": N_GROUPS, "results": results})
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--child":
+        print(json.dumps(child(sys.argv[2], sys.argv[3], int(sys.argv[4]))))
+    else:
+        main()
