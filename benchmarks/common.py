@@ -158,6 +158,20 @@ def runs_per_rows(
     return runs
 
 
+def child_json(script: str, arguments: list[str], env: dict[str, str]) -> dict[str, Any]:
+    """Run ``script --child *arguments`` in a fresh process; return the JSON of its last line."""
+    out = subprocess.run(
+        [sys.executable, script, "--child", *arguments],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if out.returncode != 0:
+        raise RuntimeError(f"{' '.join(arguments)} failed:\n{out.stderr[-3000:]}")
+    return dict(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
 def run_limited(
     command: list[str], *, timeout_s: float, memory_bytes: int, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str] | None:

@@ -30,14 +30,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
 from typing import Any
 
 import numpy as np
-from common import logistic_data, logistic_model, nuts_setup, write_json
+from common import child_json, logistic_data, logistic_model, nuts_setup, write_json
 
 MODELS = ("glm", "student_t", "hierarchy")
 SAMPLERS = ("austerity", "nuts")
@@ -130,16 +129,7 @@ def run_child(model_name: str, sampler: str, n_rows: int, caches: str) -> dict[s
     env = dict(os.environ)
     env["PYTENSOR_FLAGS"] = f"base_compiledir={caches}/pytensor"
     env["NUMBA_CACHE_DIR"] = f"{caches}/numba"
-    out = subprocess.run(
-        [sys.executable, __file__, "--child", model_name, sampler, str(n_rows)],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if out.returncode != 0:
-        raise RuntimeError(f"{model_name} / {sampler} failed:\n{out.stderr[-3000:]}")
-    return dict(json.loads(out.stdout.strip().splitlines()[-1]))
+    return child_json(__file__, [model_name, sampler, str(n_rows)], env)
 
 
 def measure(model_name: str, n_rows: int) -> dict[str, Any]:

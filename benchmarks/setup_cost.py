@@ -38,14 +38,12 @@ import argparse
 import json
 import os
 import resource
-import subprocess
-import sys
 import tempfile
 import time
 from typing import Any
 
 import numpy as np
-from common import logistic_data, nuts_setup, write_json
+from common import child_json, logistic_data, nuts_setup, write_json
 
 SAMPLERS = ("austerity", "barker", "nuts", "nutpie")
 STEP_DRAWS = {"tune": 200, "draws": 1_000}
@@ -128,16 +126,7 @@ def run_child(sampler: str, data_path: str, compiledir: str | None = None) -> di
     env = dict(os.environ)
     if compiledir is not None:
         env["PYTENSOR_FLAGS"] = f"base_compiledir={compiledir}"
-    out = subprocess.run(
-        [sys.executable, __file__, "--child", sampler, data_path],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if out.returncode != 0:
-        raise RuntimeError(f"{sampler} failed:\n{out.stderr[-3000:]}")
-    return dict(json.loads(out.stdout.strip().splitlines()[-1]))
+    return child_json(__file__, [sampler, data_path], env)
 
 
 def nutpie_installed() -> bool:
