@@ -41,6 +41,7 @@ from pymc_subsample.model.graphs import (
     search_graph,
     sums_graph,
 )
+from pymc_subsample.model.grouped_sums import GroupedSums, grouped_sums
 from pymc_subsample.model.identification import (
     flat_prior_coordinates,
     refuse_flat_priors_outside_the_likelihood,
@@ -101,6 +102,11 @@ class ModelFunctions:
     #: Builds (once, at first call) the functions in the likelihood's parameters; None when
     #: the rows' graph has no usable cut (``likelihood_parameters``).
     likelihood_space: Callable[[], LikelihoodSpace | None]
+    #: The rows' sums by group (``grouped_sums.py``) for the reference search (rows at the
+    #: live values of other variables) and for the control variates (at their frozen
+    #: values); None where the rows read no table of parameters by a group index.
+    grouped_search: Callable[[], GroupedSums | None]
+    grouped_sums: Callable[[], GroupedSums | None]
     #: Reference points found on these functions, by data, start and settings (reference.py).
     references: dict[tuple[Any, ...], Any] = field(default_factory=dict)
 
@@ -167,6 +173,7 @@ def model_functions(
     space = partial(
         likelihood_space, rows_q, rows_q_old, prior_q, q, q_old, row_inputs, frozen, kwargs
     )
+    q0 = initial_q(initial_point, vars)
     return ModelFunctions(
         layout=layout,
         shared=shared,
@@ -198,7 +205,9 @@ def model_functions(
         data=shared_data([rows_q, prior_q, *graph.row_data], set(shared.values()) | set(shared)),
         frozen=frozen,
         flat=flat,
-        likelihood_space=_OnFirstCall(partial(space, initial_q(initial_point, vars))),
+        likelihood_space=_OnFirstCall(partial(space, q0)),
+        grouped_search=_OnFirstCall(partial(grouped_sums, rows_q, q, row_inputs, q0, kwargs)),
+        grouped_sums=_OnFirstCall(partial(grouped_sums, rows_ref, q_ref, row_inputs, q0, kwargs)),
     )
 
 

@@ -23,6 +23,7 @@ from pymc_subsample.model.graphs import (
     residual_graph,
     sums_graph,
 )
+from pymc_subsample.model.grouped_sums import GroupedSums, grouped_sums
 from pymc_subsample.model.likelihood_parameters import likelihood_parameters
 
 __all__ = ["LikelihoodSpace", "likelihood_space"]
@@ -41,6 +42,7 @@ class LikelihoodSpace(NamedTuple):
     residual: dict[int, LazyFunction]  # q, q_old, theta_ref, rows -> l_i - r_i
     sums: LazyFunction  # theta_ref, rows -> (G, H) in theta
     remainder_gradient: LazyFunction  # q, theta_ref, factor, rows
+    grouped: GroupedSums | None  # sums by group in theta (grouped_sums.py), where there are groups
 
 
 def likelihood_space(
@@ -72,6 +74,7 @@ def likelihood_space(
     residual_inputs = (rows_q, rows_q_old, rows_ref, *points, row_inputs)
     vector = phi.type("vector")
     pullback = pytensor.grad((phi * vector).sum(), q, disconnected_inputs="ignore")
+    theta0 = pytensor.function([q], phi, mode="FAST_COMPILE", on_unused_input="ignore")(q0)
     return LikelihoodSpace(
         size=int(found.theta.type.shape[0] or 0),
         phi=lazy(partial(given, [q], phi)),
@@ -85,4 +88,5 @@ def likelihood_space(
                 remainder_gradient_graph, prior_q, rows_q, rows_ref, q, theta_ref, row_inputs, phi
             )
         ),
+        grouped=grouped_sums(rows_ref, theta_ref, row_inputs, np.asarray(theta0), kwargs),
     )

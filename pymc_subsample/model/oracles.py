@@ -11,7 +11,7 @@ from __future__ import annotations
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import numpy as np
 import pytensor
@@ -299,7 +299,8 @@ class ModelOracles:
         Rows are summed in chunks of ``chunk_size`` rows: O(N) time, O(chunk_size * d)
         memory. Other model variables are read at their frozen values (:meth:`freeze_shared`).
         """
-        sums = self._functions.sums if self.expansion == "unconstrained" else self._space.sums
+        unconstrained = self.expansion == "unconstrained"
+        sums = self._functions.sums if unconstrained else self._space.sums
         sums_fn = self._gradient("gradient_hessian_sums", sums)
         d = self.expansion_size
         gradient, hessian = np.zeros(d), np.zeros((d, d))
@@ -312,6 +313,14 @@ class ModelOracles:
                 rows_all[start : start + chunk_size]
                 for start in range(0, rows_all.size, chunk_size)
             )
+        grouped = self._functions.grouped_sums() if unconstrained else self._space.grouped
+        if grouped is not None:
+            # Rows that read their groups' parameters: summed by the chain rule through the
+            # groups' tables (grouped_sums.py), O(N) whatever the number of groups.
+            totals = grouped.totals(
+                q, (self._gather(rows) for rows in chunks), outer=False, hessian=True
+            )
+            return totals.gradient, cast(np.ndarray, totals.hessian)
         for rows in chunks:
             chunk_gradient, chunk_hessian = sums_fn(q, *self._gather(rows))
             gradient += chunk_gradient
@@ -341,6 +350,15 @@ class ModelOracles:
             )
         else:
             pieces = (idx[begin : begin + chunk_size] for begin in range(0, idx.size, chunk_size))
+        grouped = self._functions.grouped_search()
+        if grouped is not None:
+            # Rows that read their groups' parameters (grouped_sums.py): no d x d work per row.
+            totals = grouped.totals(
+                q, (self._gather(rows) for rows in pieces), outer=True, hessian=with_hessian
+            )
+            return SearchSums(
+                totals.loglik, totals.gradient, cast(np.ndarray, totals.outer), totals.hessian
+            )
         for rows in pieces:
             sums = function(q, *[array[:, None] for array in self._gather(rows)])
             loglik += float(sums[0])

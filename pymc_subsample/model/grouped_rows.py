@@ -1,0 +1,360 @@
+"""Rows that read parameters through a group index: the hierarchy's structure in the rows' graph.
+
+In a hierarchical model a row reads its group's effects by indexing a table of parameters
+with a row-aligned integer array, ``effect[group_index]``: row i depends on the table only
+through its own cell ``effect[g_i]``. :func:`find_grouped_rows` finds those gathers in the
+rows' graph of a parameter vector ``v`` (the sampled ``q``, or the likelihood's parameters
+``theta``) and rewrites the rows on small per-row vectors
+
+    psi_i = (v_D, cell_1[g_i1], ..., cell_K[g_iK]),
+
+where ``v_D`` are the coordinates the rows still read directly (the shared coefficients) and
+each cell is a row of a table ``T_k(v)``, a graph of ``v`` alone. Row i's log-likelihood is
+``F(psi_i, row_i)``, with ``m = |D| + sum_k |cell_k|`` inputs whatever the number of groups,
+so its gradient and Hessian in ``psi`` are small and contain no scatter into a table
+(``AdvancedIncSubtensor``, whose compile and run cost grew with groups times rows). The chain
+rule through ``psi_i = P_i(v)`` gives back the sums in ``v`` (``model/grouped_sums.py``;
+``docs/architecture.md``, "Grouped rows").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, NamedTuple, cast
+
+import numpy as np
+import pytensor
+import pytensor.tensor as pt
+from pytensor.gradient import jacobian
+from pytensor.graph.basic import Constant, Variable
+from pytensor.graph.replace import clone_replace
+from pytensor.graph.rewriting.utils import rewrite_graph
+from pytensor.graph.traversal import ancestors, toposort
+from pytensor.tensor import subtensor
+from pytensor.tensor.subtensor import AdvancedSubtensor, Subtensor, indices_from_subtensor
+from pytensor.tensor.variable import TensorVariable
+
+from pymc_subsample.model.gradients import _pushforward
+
+__all__ = [
+    "Gather",
+    "GroupedRows",
+    "find_grouped_rows",
+    "per_row_derivatives_graph",
+    "table_derivatives_graph",
+    "table_curvature_graph",
+    "index_graph",
+]
+
+
+class Gather(NamedTuple):
+    """One table of parameters read by the rows through a row-aligned integer index.
+
+    Attributes
+    ----------
+    table : TensorVariable
+        ``T(v)``, a graph of the parameter vector alone, of shape ``(n_groups, *cell_shape)``.
+    group_index : TensorVariable
+        The groups of the rows, an integer vector, a graph of the row placeholders alone.
+    cell : TensorVariable
+        The placeholder that stands for ``table[index]`` in :attr:`GroupedRows.rows_logp`.
+    n_groups : int
+        The table's length.
+    cell_size : int
+        The number of parameters in one cell (``prod(cell_shape)``).
+    """
+
+    table: TensorVariable
+    group_index: TensorVariable
+    cell: TensorVariable
+    n_groups: int
+    cell_size: int
+
+
+class GroupedRows(NamedTuple):
+    """The rows' graph rewritten on the per-row vectors ``psi_i`` (module docstring).
+
+    Attributes
+    ----------
+    vector : TensorVariable
+        The parameter vector ``v`` (length ``d``).
+    rows_logp : TensorVariable
+        Per-row log-likelihoods as a graph of ``vector`` (read only at :attr:`direct`), the
+        gathers' cells and the row placeholders.
+    row_inputs : tuple of TensorVariable
+        The row placeholders.
+    gathers : tuple of Gather
+    direct : ndarray
+        The coordinates of ``vector`` the rewritten rows read directly, sorted (int64).
+    """
+
+    vector: TensorVariable
+    rows_logp: TensorVariable
+    row_inputs: tuple[TensorVariable, ...]
+    gathers: tuple[Gather, ...]
+    direct: np.ndarray
+
+    @property
+    def psi_size(self) -> int:
+        """``m``: the length of a row's vector ``psi_i``."""
+        return int(self.direct.size) + sum(gather.cell_size for gather in self.gathers)
+
+    @property
+    def n_local(self) -> int:
+        """The number of parameters in all the tables together."""
+        return sum(gather.n_groups * gather.cell_size for gather in self.gathers)
+
+
+def find_grouped_rows(
+    rows_logp: TensorVariable,
+    vector: TensorVariable,
+    row_inputs: Sequence[TensorVariable],
+    v0: np.ndarray,
+) -> GroupedRows | None:
+    """Find the gathers ``table[index]`` of the rows' graph and rewrite it on their cells.
+
+    A gather is an advanced index on the first axis of a tensor computed from ``vector``
+    alone (no row placeholder) by a one-dimensional integer tensor computed from the row
+    placeholders alone: ``effect[group_index]``, ``b[county, :]``. Returns None where there
+    is none.
+
+    Parameters
+    ----------
+    rows_logp : TensorVariable
+        Per-row log-likelihood, a graph of ``vector`` and ``row_inputs``.
+    vector : TensorVariable
+        The parameter vector, of static length.
+    row_inputs : sequence of TensorVariable
+        The row placeholders.
+    v0 : ndarray
+        A value of ``vector``, where the tables' shapes are read (one uncompiled evaluation).
+    """
+    rows = set(row_inputs)
+    of_vector: set[Variable] = {vector}
+    of_rows: set[Variable] = set(rows)
+    found: dict[Variable, tuple[TensorVariable, TensorVariable]] = {}
+    for node in toposort([rows_logp]):
+        if _is_first_axis_gather(node) and node.inputs[0] in of_vector:
+            table, index = node.inputs[0], node.inputs[1]
+            if index in of_rows and index not in of_vector and table not in of_rows:
+                found[node.outputs[0]] = (
+                    cast(TensorVariable, table),
+                    cast(TensorVariable, index),
+                )
+                of_rows.update(node.outputs)
+                continue
+        if any(inp in of_rows for inp in node.inputs):
+            of_rows.update(node.outputs)
+        if any(inp in of_vector for inp in node.inputs):
+            of_vector.update(node.outputs)
+    if not found:
+        return None
+    shapes = pytensor.function(
+        [vector],
+        [table.shape for table, _ in found.values()],
+        mode="FAST_COMPILE",
+        on_unused_input="ignore",
+    )(v0)
+    gathers: list[Gather] = []
+    replacements: dict[Variable, Variable] = {}
+    for (output, (table, index)), shape in zip(found.items(), shapes, strict=True):
+        cell_shape = tuple(int(dim) for dim in shape[1:])
+        static_table = pt.specify_shape(table, tuple(int(dim) for dim in shape))
+        cell = pt.tensor(dtype=table.dtype, shape=(None, *cell_shape), name=f"cell_{len(gathers)}")
+        replacements[output] = cell
+        gathers.append(
+            Gather(
+                table=cast(TensorVariable, static_table),
+                group_index=index,
+                cell=cell,
+                n_groups=int(shape[0]),
+                cell_size=int(np.prod(cell_shape, dtype=int)),
+            )
+        )
+    rewritten = cast(
+        TensorVariable, clone_replace(rows_logp, replace=replacements, rebuild_strict=False)
+    )
+    # Stabilised before it is differentiated (log(1 - sigmoid(x)) becomes -softplus(x)): the
+    # derivatives of the raw graph are NaN where a logistic row saturates (|x| > 37), with
+    # any construction of PyTensor's Hessian. "specialize" holds PyTensor 2's pattern for
+    # log1p(-sigmoid(x)), which its canonical form (a product by -1) does not match.
+    rewritten = cast(
+        TensorVariable,
+        rewrite_graph(rewritten, include=("canonicalize", "stabilize", "specialize")),
+    )
+    direct = _directly_read_coordinates(rewritten, vector)
+    return GroupedRows(vector, rewritten, tuple(row_inputs), tuple(gathers), direct)
+
+
+#: PyTensor 2 (PyMC 5) also has ``AdvancedSubtensor1``, the one-index gather; PyTensor 3 folds
+#: it into ``AdvancedSubtensor``.
+_GATHER_OPS: tuple[type, ...] = tuple(
+    op for op in (AdvancedSubtensor, getattr(subtensor, "AdvancedSubtensor1", None)) if op
+)
+
+
+def _is_first_axis_gather(node: object) -> bool:
+    op = getattr(node, "op", None)
+    inputs: Sequence[Any] = getattr(node, "inputs", ())
+    if not isinstance(op, _GATHER_OPS) or len(inputs) != 2:
+        return False
+    if getattr(op, "idx_list", (0,)) not in ((0,), None):
+        return False
+    index = inputs[1]
+    return bool(
+        getattr(index, "ndim", None) == 1
+        and str(index.dtype).startswith(("int", "uint"))
+        and inputs[0].ndim >= 1
+    )
+
+
+def _directly_read_coordinates(rows_logp: TensorVariable, vector: TensorVariable) -> np.ndarray:
+    """Coordinates of ``vector`` that ``rows_logp`` reads (all, unless only by constant slices)."""
+    length = _length(vector)
+    if vector not in set(ancestors([rows_logp])):
+        return np.zeros(0, dtype="int64")
+    read = np.zeros(length, dtype=bool)
+    for node in toposort([rows_logp]):
+        if vector not in node.inputs:
+            continue
+        span = _constant_span(node, vector, length)
+        if span is None:
+            return np.arange(length, dtype="int64")
+        read[span[0] : span[1]] = True
+    return np.flatnonzero(read).astype("int64")
+
+
+def _constant_span(node: object, vector: TensorVariable, length: int) -> tuple[int, int] | None:
+    """``(start, stop)`` where ``node`` is a constant unit-step slice of ``vector``, else None."""
+    op = getattr(node, "op", None)
+    inputs: Sequence[Any] = getattr(node, "inputs", ())
+    if not isinstance(op, Subtensor) or inputs[0] is not vector:
+        return None
+    (index,) = indices_from_subtensor(inputs[1:], op.idx_list)
+    if not isinstance(index, slice):
+        return None
+    bounds = []
+    for bound, default in ((index.start, 0), (index.stop, length), (index.step, 1)):
+        if bound is None:
+            bounds.append(default)
+        elif isinstance(bound, Constant):
+            bounds.append(int(bound.data))
+        else:
+            return None
+    start, stop, step = bounds
+    if step != 1:
+        return None
+    return slice(start, stop).indices(length)[:2]
+
+
+def index_graph(grouped: GroupedRows) -> tuple[list[Variable], list[Variable]]:
+    """Build the rows' group indices, one int64 vector per gather, from the row placeholders."""
+    indices: list[Variable] = [pt.cast(gather.group_index, "int64") for gather in grouped.gathers]
+    return list(grouped.row_inputs), indices
+
+
+def per_row_derivatives_graph(grouped: GroupedRows) -> tuple[list[Variable], list[Variable]]:
+    """Build the derivatives of a batch of rows in their vectors ``psi_i`` (n rows, m entries).
+
+    Inputs are ``v``, each gather's cells ``T_k(v)[g_ik]`` (n, *cell_shape) and the rows.
+    Outputs:
+
+    - ``F_i`` (n,);
+    - ``dF_i/dpsi`` (n, m): along a direct coordinate ``v_j``, a directional derivative of
+      the vector of per-row values (forward mode, as in ``gradients.per_row_proxy_terms``);
+      along the row's own cells, the gradient of the rows' sum with respect to the cells,
+      which reach no other row;
+    - ``d2F_i/dpsi dcell`` (n, m, c), ``c`` the cells' entries: gradients with respect to the
+      cells of the rows' summed first derivatives (reverse over reverse);
+    - ``sum_i d2F_i/dv_D2`` (|D|, |D|): the direct block, needed only summed over the rows.
+
+    Every second derivative is taken in reverse over reverse, as the dense Hessian
+    (``gradients.summed_gradient_and_hessian``) is: forward over reverse gave NaN where a
+    logistic row saturates (PyTensor's stabilised ``softplus`` is lost in the pushforward).
+    No operation is vectorised over rows (PyTensor's ``Blockwise`` loops ran at 20 us per row
+    here against 0.4 us) and no gradient is scattered into a table.
+    """
+    vector = grouped.vector
+    cells = [gather.cell for gather in grouped.gathers]
+    units = np.eye(_length(vector))
+    rows_logp = grouped.rows_logp
+    total = rows_logp.sum()
+    direct_first = [
+        cast(TensorVariable, _pushforward(rows_logp, vector, pt.constant(units[j])))
+        for j in grouped.direct
+    ]
+    cell_first = _cell_columns(_gradients(total, cells), grouped)
+    summed_direct = cast(
+        TensorVariable, pytensor.grad(total, vector, disconnected_inputs="ignore")
+    )[grouped.direct]
+    cross_rows = [
+        pt.stack(_cell_columns(_gradients(summed_direct[k], cells), grouped), axis=1)
+        for k in range(int(grouped.direct.size))
+    ]
+    cross_rows.extend(
+        pt.stack(_cell_columns(_gradients(column.sum(), cells), grouped), axis=1)
+        for column in cell_first
+    )
+    direct_hessian = (
+        jacobian(summed_direct, vector, vectorize=True)[:, grouped.direct]
+        if grouped.direct.size
+        else pt.zeros((0, 0))
+    )
+    outputs: list[Variable] = [
+        rows_logp,
+        pt.stack([*direct_first, *cell_first], axis=1),
+        pt.stack(cross_rows, axis=1),
+        direct_hessian,
+    ]
+    return [vector, *cells, *grouped.row_inputs], outputs
+
+
+def _gradients(cost: TensorVariable, cells: list[TensorVariable]) -> list[Variable]:
+    """``pytensor.grad`` of ``cost`` with respect to each cell."""
+    return cast(list[Variable], pytensor.grad(cost, cells))
+
+
+def _length(vector: TensorVariable) -> int:
+    """Return the static length of a parameter vector."""
+    return int(cast(Any, vector.type).shape[0])
+
+
+def _cell_columns(gradients: Sequence[Variable], grouped: GroupedRows) -> list[TensorVariable]:
+    """Per-row gradients with respect to each gather's cells, one (n,) column per entry."""
+    columns: list[TensorVariable] = []
+    for gradient, gather in zip(gradients, grouped.gathers, strict=True):
+        flat = cast(TensorVariable, gradient).reshape((gather.cell.shape[0], gather.cell_size))
+        columns.extend(flat[:, slot] for slot in range(gather.cell_size))
+    return columns
+
+
+def table_derivatives_graph(grouped: GroupedRows) -> tuple[list[Variable], list[Variable]]:
+    """Build each table's values (``n_groups * cell_size``) and Jacobian in ``v``, data-free."""
+    vector = grouped.vector
+    outputs: list[Variable] = []
+    for gather in grouped.gathers:
+        values = pt.cast(gather.table, "float64").ravel()
+        outputs.append(values)
+        outputs.append(jacobian(values, vector, vectorize=True, disconnected_inputs="ignore"))
+    return [vector], outputs
+
+
+def table_curvature_graph(grouped: GroupedRows) -> tuple[list[Variable], list[Variable]]:
+    """Build the Hessian in ``v`` of ``sum_k w_k . T_k(v)``, given the weights ``w_k``, data-free.
+
+    With ``w_k`` the rows' summed ``dF_i/dcell`` per table entry this is the second term of
+    the chain rule, ``sum_i (dF_i/dpsi_i) d2 psi_i / dv2``.
+    """
+    vector = grouped.vector
+    weights = [
+        pt.vector(f"w_{k}", dtype="float64", shape=(gather.n_groups * gather.cell_size,))
+        for k, gather in enumerate(grouped.gathers)
+    ]
+    terms = [
+        (pt.cast(gather.table, "float64").ravel() * weight).sum()
+        for gather, weight in zip(grouped.gathers, weights, strict=True)
+    ]
+    total = sum(terms[1:], terms[0])
+    gradient = pytensor.grad(total, vector, disconnected_inputs="ignore")
+    hessian = jacobian(gradient, vector, vectorize=True, disconnected_inputs="ignore")
+    return [vector, *weights], [hessian]
