@@ -1,6 +1,8 @@
 """The oracles' self-check: subset rows against the full model, every row finite at the start.
 
-``build_oracles`` runs it on every new set of oracles (``docs/architecture.md``).
+``build_oracles`` runs it on every new set of oracles (``docs/architecture.md``). It reads the
+data in chunks of rows and never holds a copy of them: PyMC's own per-row terms, one pass over
+all rows, are its reference only where the data have at most :data:`_FULL_REFERENCE_ROWS` rows.
 """
 
 from __future__ import annotations
@@ -19,6 +21,13 @@ __all__ = ["CheckedOracles", "self_check"]
 _SELF_CHECK_SEED = 20140614
 #: Rows per call when the self-check reads every row at the initial point.
 _FINITE_CHUNK = 65_536
+#: Up to this many rows, the checked rows are compared with PyMC's own per-row terms, one
+#: vectorised pass over every row (its arrays are the size of the data, and a float32 array
+#: is upcast whole by ``X @ beta``: 2x the data, so it is kept to one chunk's size). Beyond,
+#: they are compared with the same rows read among :data:`_CONTEXT_ROWS` others.
+_FULL_REFERENCE_ROWS = 65_536
+#: Other rows read with the checked rows beyond :data:`_FULL_REFERENCE_ROWS`.
+_CONTEXT_ROWS = 1_024
 
 
 class CheckedOracles(Protocol):
@@ -49,13 +58,19 @@ def self_check(
     """Check the per-row function against the full model on a few rows, at a jittered point.
 
     The rows' function is the model's likelihood rebuilt on row subsets of the data
-    (``rows.py``); the full model's own per-row log-likelihood (``full_fn``, one vectorised
-    pass in PyTensor's Python linker, no compilation) must agree with it on the checked rows.
-    One point suffices, jittered away from ``q0``, where a value such as 0 could hide a
-    reduction over rows (``X - X.mean(0)`` times a zero coefficient). At ``q0`` itself every
-    row must have a finite log-likelihood: checked range by range with the compiled per-row
-    function (no copy of the data). Only the ``continuous`` entries of ``q0`` are jittered: a
-    discrete value moved off its support is cast at different places by the two functions.
+    (``rows.py``). On data of at most :data:`_FULL_REFERENCE_ROWS` rows, the full model's own
+    per-row log-likelihood (``full_fn``, one vectorised pass over every row in PyTensor's
+    Python linker, no compilation) must agree with it on the checked rows. On more rows that
+    pass would hold arrays the size of the data (a float32 ``X`` upcast whole by ``X @
+    beta``), so each checked row's value must instead not change when the row is read among
+    :data:`_CONTEXT_ROWS` other rows: a reduction over rows inside the model (``X -
+    X.mean(0)``) gives it another value there, as an array of length N that is not on the row
+    axis does (or fails). One point suffices, jittered away from ``q0``, where a value such as
+    0 could hide a reduction over rows (``X - X.mean(0)`` times a zero coefficient). At ``q0``
+    itself every row must have a finite log-likelihood: checked range by range with the
+    compiled per-row function (no copy of the data). Only the ``continuous`` entries of ``q0``
+    are jittered: a discrete value moved off its support is cast at different places by the
+    two functions.
     """
     n_rows = oracles.n_rows
     check_rng = np.random.default_rng(_SELF_CHECK_SEED)
@@ -64,7 +79,11 @@ def self_check(
     names = [str(rv.name) for rv in oracles.layout.row_rvs]
     jittered = q0 + continuous * check_rng.normal(scale=0.3, size=q0.size)
     try:
-        subset, full = oracles.loglik_rows(jittered, rows), full_fn(jittered)[rows]
+        subset = oracles.loglik_rows(jittered, rows)
+        if n_rows <= _FULL_REFERENCE_ROWS:
+            full = full_fn(jittered)[rows]
+        else:
+            full = _among_other_rows(oracles, jittered, rows, check_rng)
         bad = _nonfinite_rows(oracles, q0)
     except Exception as error:
         raise ValueError(
@@ -76,12 +95,26 @@ def self_check(
     if not np.allclose(subset, full, rtol=1e-6, atol=1e-8, equal_nan=True):
         raise ValueError(
             f"Self-check failed: the log-likelihood of {names} evaluated on a subset of rows "
-            "differs from the full model's value for the same rows. The model probably "
+            + (
+                "differs from the full model's value for the same rows."
+                if n_rows <= _FULL_REFERENCE_ROWS
+                else "changes when the same rows are read among other rows."
+            )
+            + " The model probably "
             "transforms data with a reduction over rows (for example standardising with "
             "X.mean(0) inside the model): do that in numpy before building the model. If an "
             f"array of length N={n_rows} is not row-aligned, name the row dim via obs_dim."
         )
     _check_initial_finite(bad, oracles.log_prior(q0), names)
+
+
+def _among_other_rows(
+    oracles: CheckedOracles, q: np.ndarray, rows: np.ndarray, rng: np.random.Generator
+) -> np.ndarray:
+    """Return the values of ``rows`` at ``q`` read among :data:`_CONTEXT_ROWS` other rows."""
+    context = rng.choice(oracles.n_rows, size=min(_CONTEXT_ROWS, oracles.n_rows), replace=False)
+    read = np.unique(np.concatenate([rows, context])).astype("int64")
+    return oracles.loglik_rows(q, read)[np.searchsorted(read, rows)]
 
 
 def _nonfinite_rows(oracles: CheckedOracles, q: np.ndarray) -> np.ndarray:
