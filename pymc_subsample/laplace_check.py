@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 from scipy.linalg import cholesky, solve_triangular
 
-from pymc_subsample.kernels.row_sampler import RowSampler
+from pymc_subsample.kernels.row_sampler import SparseRowSampler
 from pymc_subsample.model.oracles import ModelOracles
 
 __all__ = [
@@ -63,7 +63,7 @@ def laplace_log_weight_sd(
     controlled = oracles.with_proxy_order(2)
     gradient_sum, hessian_sum = row_sums
     n_rows = oracles.n_rows
-    sampler = RowSampler(n_rows)
+    sampler = SparseRowSampler(n_rows)
     sampler.start_test()
     rows = sampler.draw(rng, min(n_rows, LAPLACE_ROWS))
     factor = cholesky(precision, lower=True)

@@ -35,7 +35,7 @@ from pymc_subsample.kernels.optimizer import (
     direction_test,
     newton_curvature,
 )
-from pymc_subsample.kernels.row_sampler import RowSampler
+from pymc_subsample.kernels.row_sampler import SparseRowSampler
 from pymc_subsample.laplace_check import LAPLACE_SPREAD, laplace_log_weight_sd, not_gaussian
 from pymc_subsample.model.oracles import ModelOracles, SearchSums
 from pymc_subsample.model.row_data import Rows, row_chunks
@@ -105,7 +105,7 @@ def optimise_reference(
     if first < 2:
         raise ValueError(f"batch_size must be an integer >= 2, got {batch_size!r}.")
     z = float(ndtri(1.0 - float(error_tolerance)))
-    sampler = RowSampler(n_rows)
+    sampler = SparseRowSampler(n_rows)
     q0 = np.array(q0, dtype="float64")
     q = q0.copy()
     # The search reads the variables outside q at their current values, the control variate's
@@ -295,7 +295,7 @@ def _log_posterior(oracles: ModelOracles, q: np.ndarray, counts: dict[str, int])
 def _tested_update(
     oracles: ModelOracles,
     q: np.ndarray,
-    sampler: RowSampler,
+    sampler: SparseRowSampler,
     rng: np.random.Generator,
     first: int,
     z: float,
@@ -321,6 +321,10 @@ def _tested_update(
             # Every row: read in place, range by range (no draw, no gather, no copy).
             batch = oracles.search_sums(q, slice(0, n_rows), with_hessian=newton, chunk_size=_CHUNK)
             n_used = n_rows
+        elif chunks and size == n_rows - sampler.n_taken:
+            # The rest of the rows: range by range, less the rows drawn (no list of N rows).
+            batch = _rest_sums(oracles, q, sampler.taken, newton)
+            chunks, n_used = [], n_rows
         else:
             # Sorted, the rows are gathered from the data in memory order (4x faster at
             # N = 1e6), chunk by chunk: O(chunk) memory for the gathered rows.
@@ -376,6 +380,25 @@ class _NonFiniteDerivatives(FloatingPointError):
             else ""
         )
         return f"{self} after {n_iterations} of max_iter={max_iter} iterations{hint}"
+
+
+def _rest_sums(oracles: ModelOracles, q: np.ndarray, taken: np.ndarray, newton: bool) -> SearchSums:
+    """Sum what the search reads over every row not in ``taken`` (sorted), range by range.
+
+    Each range of ``_CHUNK`` rows is read less its taken rows: O(_CHUNK) indices at a time,
+    where drawing the rest of the rows listed them all (8 bytes per row, twice).
+    """
+    total: SearchSums | None = None
+    for piece in row_chunks(oracles.n_rows, _CHUNK):
+        begin, end = np.searchsorted(taken, (piece.start, piece.stop))
+        keep = np.ones(piece.stop - piece.start, dtype=bool)
+        keep[taken[begin:end] - piece.start] = False
+        rows = piece.start + np.flatnonzero(keep)
+        if rows.size:
+            sums = oracles.search_sums(q, rows, with_hessian=newton, chunk_size=_CHUNK)
+            total = sums if total is None else _added(total, sums)
+    assert total is not None  # the caller reads the rest only where rows remain
+    return total
 
 
 def _added(first: SearchSums, second: SearchSums) -> SearchSums:

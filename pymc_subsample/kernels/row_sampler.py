@@ -12,13 +12,18 @@ control-variate draws read, is stamped only if the test asks for more rows: when
 hold no repeat (checked on a sorted copy) it is returned as drawn. Once a test needs more than
 half the rows its cost is already O(N), and the remaining rows are listed and shuffled once
 (O(N), amortised by the O(N) rows the test evaluates anyway).
+
+:class:`SparseRowSampler` draws the same rows from the same generator while remembering only
+the rows taken in the current test (sorted), not a stamp per row: for the set-up's one-off
+draws (the reference search, the Laplace check, SGFS's start), which would otherwise each hold
+8 bytes per row beside the step's own sampler.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["RowSampler"]
+__all__ = ["RowSampler", "SparseRowSampler"]
 
 
 class RowSampler:
@@ -144,6 +149,120 @@ class RowSampler:
         untaken = np.flatnonzero(self._stamps < self._test_start)
         rng.shuffle(untaken)
         return untaken
+
+
+class SparseRowSampler:
+    """The rows :class:`RowSampler` draws, from a memory of the test's rows, not of all N.
+
+    Given the same generator, draws the same rows in the same order as a fresh
+    :class:`RowSampler` (the same proposals, rejections and repeats dropped), so set-up results
+    do not depend on which of the two drew them. Its memory is the rows taken in the current
+    test, sorted, where :class:`RowSampler` holds an int64 stamp per row for its whole life:
+    cheaper for the set-up's draws, which take a share of N once, and dearer per draw (a merge
+    of the taken rows), which a sampler drawing every step would feel. Once a test needs more
+    than half the rows, the remaining rows are listed (O(N)), as :class:`RowSampler` lists them.
+
+    Parameters
+    ----------
+    n_rows : int
+        Number of rows N.
+
+    Examples
+    --------
+    >>> rng, again = np.random.default_rng(1), np.random.default_rng(1)
+    >>> sparse, dense = SparseRowSampler(50), RowSampler(50)
+    >>> sparse.start_test(), dense.start_test()
+    (None, None)
+    >>> all(
+    ...     np.array_equal(sparse.draw(rng, size), dense.draw(again, size)) for size in (8, 16, 26)
+    ... )
+    True
+    """
+
+    def __init__(self, n_rows: int) -> None:
+        if n_rows < 1:
+            raise ValueError(f"n_rows must be at least 1, got {n_rows}.")
+        self.n_rows = int(n_rows)
+        self._taken = np.empty(0, dtype=np.int64)  # this test's rows, sorted
+        self._n_taken = 0
+        self._remaining: np.ndarray | None = None
+
+    @property
+    def n_taken(self) -> int:
+        """Rows drawn in the current test."""
+        return self._n_taken
+
+    @property
+    def taken(self) -> np.ndarray:
+        """The rows drawn in the current test, sorted."""
+        if self._remaining is None:
+            return self._taken
+        listed = self._n_taken - (self.n_rows - self._remaining.size)
+        return np.sort(np.concatenate([self._taken, self._remaining[:listed]]))
+
+    def start_test(self) -> None:
+        """Begin a new test: every row becomes available again."""
+        self._taken = np.empty(0, dtype=np.int64)
+        self._n_taken = 0
+        self._remaining = None
+
+    def draw(self, rng: np.random.Generator, size: int) -> np.ndarray:
+        """Draw up to ``size`` rows not yet drawn in this test (:meth:`RowSampler.draw`)."""
+        size = min(int(size), self.n_rows - self._n_taken)
+        if self._n_taken == 0 and 2 * size <= self.n_rows:
+            candidates = rng.integers(0, self.n_rows, size=size)
+            if _distinct(candidates):
+                self._taken = np.sort(candidates)
+                self._n_taken = size
+                return candidates
+            rows = self._draw_sparse(rng, size, candidates)
+            self._n_taken += rows.size
+            return rows
+        if self._remaining is None and 2 * (self._n_taken + size) > self.n_rows:
+            untaken = np.ones(self.n_rows, dtype=bool)
+            untaken[self._taken] = False
+            self._remaining = np.flatnonzero(untaken)
+            rng.shuffle(self._remaining)
+        if self._remaining is not None:
+            start = self._n_taken - (self.n_rows - self._remaining.size)
+            rows = self._remaining[start : start + size]
+        else:
+            rows = self._draw_sparse(rng, size)
+        self._n_taken += rows.size
+        return rows
+
+    def _draw_sparse(
+        self, rng: np.random.Generator, size: int, first: np.ndarray | None = None
+    ) -> np.ndarray:
+        # RowSampler._draw_sparse, with membership in the test read from the sorted rows.
+        batches: list[np.ndarray] = []
+        needed = size
+        while needed > 0:
+            if first is not None:
+                candidates, first = first, None
+            else:
+                candidates = rng.integers(0, self.n_rows, size=needed)
+            if self._n_taken > 0 or batches:
+                candidates = candidates[~_among(self._taken, candidates)]
+            candidates = _last_copies(candidates)
+            self._taken = np.sort(np.concatenate([self._taken, candidates]))
+            batches.append(candidates)
+            needed -= candidates.size
+        return batches[0] if len(batches) == 1 else np.concatenate(batches)
+
+
+def _among(ordered: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """Whether each of ``rows`` is in the sorted array ``ordered``."""
+    if ordered.size == 0:
+        return np.zeros(rows.size, dtype=bool)
+    where = np.minimum(np.searchsorted(ordered, rows), ordered.size - 1)
+    return ordered[where] == rows
+
+
+def _last_copies(rows: np.ndarray) -> np.ndarray:
+    """``rows`` without repeats, keeping the last copy of each in place (as ``_stamp`` does)."""
+    _, first_from_end = np.unique(rows[::-1], return_index=True)
+    return rows[np.sort(rows.size - 1 - first_from_end)]
 
 
 def _distinct(rows: np.ndarray) -> bool:

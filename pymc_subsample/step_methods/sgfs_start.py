@@ -17,7 +17,7 @@ import numpy as np
 from scipy.linalg import cholesky, solve_triangular
 
 from pymc_subsample.kernels.control_variates import mahalanobis_limit
-from pymc_subsample.kernels.row_sampler import RowSampler
+from pymc_subsample.kernels.row_sampler import SparseRowSampler
 from pymc_subsample.kernels.sgfs import empirical_fisher
 from pymc_subsample.model.oracles import ModelOracles
 
@@ -93,7 +93,7 @@ def reference_fisher(
     ReferenceFisher
     """
     n_rows = oracles.n_rows
-    sampler = RowSampler(n_rows)
+    sampler = SparseRowSampler(n_rows)
     sampler.start_test()
     rows = np.sort(sampler.draw(np.random.default_rng(_ROWS_SEED), min(n_rows, FISHER_ROWS)))
     scores = np.concatenate(
