@@ -171,7 +171,6 @@ class SubsampleMH(SubsampleStepBase, ControlVariateChoice):
             proxy_order=0 if requested == AUTO else CONTROL_VARIATES[requested],
             discrete=bool(self.discrete_vars),
         )
-        self.row_sampler = RowSampler(self.oracles.n_rows)  # 8 bytes per row, allocated once
         n_params = self.oracles.n_params
         self.control: ControlVariate | None = None
         self.reference_rows = 0
@@ -195,6 +194,9 @@ class SubsampleMH(SubsampleStepBase, ControlVariateChoice):
                 self.control_variate = None
             elif self._laplace_proposal:
                 proposal_cov = self.control.covariance
+        # 8 bytes per row, allocated once: after the control variate's reference search, so
+        # that the search's passes and this array are not held together.
+        self.row_sampler = RowSampler(self.oracles.n_rows)
         #: The proposal in use: a registered part's name (``proposal_parts``) or "user".
         self.proposal_kind = self._resolve_proposal(requested_proposal, proposal_cov)
         self._user_proposal = (
