@@ -228,16 +228,28 @@ class ModelOracles:
         Langevin dynamics (Korattikara et al. 2016, eq. 21) and of a trajectory's leapfrog
         steps, with the likelihood tempered by ``1 / temperature``. The rows' data are gathered
         once for any number of points, and one compiled call takes the gradient of the rows'
-        sum (no per-row matrix). ``rows=None`` is every row, read in place (no copy): the exact
-        gradient of the tempered log posterior.
+        sum (no per-row matrix). ``rows=None`` is every row: the exact gradient of the tempered
+        log posterior, read in place range by range (:data:`_EXACT_GRADIENT_CHUNK` rows per
+        call; one call on all N rows held its arrays at N rows, a float32 ``X`` upcast whole).
         """
         function = self._gradient("gradient_on_rows", self._functions.posterior_gradient)
-        if rows is None:
-            data = [data_value(array) for array in self._functions.row_data]
-            n_used = self.n_rows
-        else:
-            data, n_used = self._gather(rows), rows.size
+        n_used = self.n_rows if rows is None else rows.size
         factor = np.asarray(self.n_rows / (n_used * temperature), dtype="float64")
+        if rows is None and self.n_rows > _EXACT_GRADIENT_CHUNK:
+            pieces = list(row_chunks(self.n_rows, _EXACT_GRADIENT_CHUNK))
+            prior_gradient = self.log_prior_grad
+
+            def exact(q: np.ndarray) -> np.ndarray:
+                # Each call adds the prior's gradient to its rows': keep it once.
+                total = sum(np.asarray(function(q, factor, *self._gather(p))) for p in pieces)
+                return total - (len(pieces) - 1) * prior_gradient(q)
+
+            return exact
+        data = (
+            [data_value(array) for array in self._functions.row_data]
+            if rows is None
+            else self._gather(rows)
+        )
 
         def gradient(q: np.ndarray) -> np.ndarray:
             return np.asarray(function(q, factor, *data))
@@ -429,6 +441,9 @@ class ModelOracles:
 def _indices(rows: slice, array: np.ndarray) -> np.ndarray:
     return np.arange(*rows.indices(array.shape[0]))
 
+
+#: Rows per call of the exact gradient (``gradient_on_rows(None)``), each range read in place.
+_EXACT_GRADIENT_CHUNK = 65_536
 
 #: Each model's functions, per (variables, row dimension, compile options); dropped with the
 #: model. See :func:`build_oracles`.
