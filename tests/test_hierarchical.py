@@ -339,3 +339,35 @@ def test_non_centred_defaults_follow_new_data():
     assert not np.allclose(step.control.proxy.reference, first)  # expanded at the new mode
     assert float(idata.sample_stats["n_data"].mean()) < 0.2 * 20_000
     del model
+
+
+def _correlation_spectrum(matrix: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    root = np.sqrt(np.abs(np.diag(matrix)))
+    values, vectors = np.linalg.eigh(matrix / np.outer(root, root))
+    return root, values, vectors
+
+
+def test_newton_curvature_of_many_parameters_matches_the_eigendecomposition():
+    # From 256 parameters a positive-definite curvature is recognised by its Cholesky factor
+    # and its extreme eigenvalues by Lanczos iterations; the result must be the one a full
+    # eigendecomposition gives: unchanged and the same ratio when definite, modified exactly
+    # as before when nearly singular (below the 1e-8 floor) or indefinite.
+    rng = np.random.default_rng(11)
+    size = 300
+    basis = np.linalg.qr(rng.normal(size=(size, size)))[0]
+    units = np.exp(rng.normal(size=size))
+    for smallest in (1e-3, 1e-10, -0.5):
+        values = np.concatenate([[smallest], np.linspace(0.5, 4.0, size - 1)])
+        matrix = units[:, None] * ((basis * values) @ basis.T) * units[None, :]
+        out = newton_curvature(matrix)
+        root, scaled, vectors = _correlation_spectrum(matrix)
+        floor = 1e-8 * np.abs(scaled).max()
+        assert out.smallest_ratio == pytest.approx(scaled[0] / np.abs(scaled).max(), rel=1e-6)
+        assert out.n_modified == int(np.count_nonzero(scaled <= floor))
+        expected = (
+            0.5 * (matrix + matrix.T)
+            if out.n_modified == 0
+            else np.outer(root, root) * ((vectors * np.maximum(np.abs(scaled), floor)) @ vectors.T)
+        )
+        np.testing.assert_allclose(out.precision, expected, rtol=1e-7, atol=1e-9)
+    assert newton_curvature(np.diag(np.linspace(1.0, 2.0, size))).n_modified == 0

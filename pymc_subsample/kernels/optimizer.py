@@ -31,7 +31,8 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import numpy as np
-from scipy.linalg import cho_factor, cho_solve, eigh
+from scipy.linalg import LinAlgError, cho_factor, cho_solve, eigh
+from scipy.sparse.linalg import ArpackNoConvergence, LinearOperator, eigsh
 from scipy.special import ndtr
 
 __all__ = ["Curvature", "DirectionTest", "direction_test", "newton_curvature"]
@@ -75,6 +76,11 @@ def newton_curvature(matrix: np.ndarray, relative_floor: float = 1e-8) -> Curvat
     scale to 1e133. The floor (``relative_floor`` times the largest ``|lambda|``) only guards
     directions of (numerically) zero curvature.
 
+    A positive-definite matrix of more than ``_LANCZOS_FROM`` rows (a hierarchy's thousand
+    groups) is recognised by its Cholesky factor and left as it is, its extreme eigenvalues
+    found by Lanczos iterations (to 1e-6 relative): ``eigh`` costs about 10 times a Cholesky
+    factorisation and was 90% of a reference search with 1,000 groups.
+
     The eigenvalues are those of the correlation form ``S = D^{-1/2} M D^{-1/2}``,
     ``D = |diag M|`` (the result is ``D^{1/2} S' D^{1/2}``): the parameters' units do not
     count. A regression on years near 4000 has a condition number of 1e12, which a floor on
@@ -101,7 +107,11 @@ def newton_curvature(matrix: np.ndarray, relative_floor: float = 1e-8) -> Curvat
     # A parameter with no curvature at all is measured in the units of the largest one.
     diagonal = np.where(diagonal > 0, diagonal, max(float(diagonal.max()), 1.0))
     root = np.sqrt(diagonal)
-    values, vectors = eigh(symmetric / np.outer(root, root))
+    scaled = symmetric / np.outer(root, root)
+    spectrum = _definite_spectrum(scaled)
+    if spectrum is not None and spectrum[0] > relative_floor * spectrum[1]:
+        return Curvature(symmetric, 0, spectrum[0] / spectrum[1])
+    values, vectors = eigh(scaled)
     largest = max(float(np.abs(values).max()), 1e-300)
     floor = relative_floor * largest
     n_modified = int(np.count_nonzero(values <= floor))
@@ -110,6 +120,38 @@ def newton_curvature(matrix: np.ndarray, relative_floor: float = 1e-8) -> Curvat
         return Curvature(symmetric, 0, ratio)
     modified = np.maximum(np.abs(values), floor)
     return Curvature(np.outer(root, root) * ((vectors * modified) @ vectors.T), n_modified, ratio)
+
+
+#: From this many parameters a positive-definite curvature is checked by its Cholesky factor
+#: and Lanczos iterations instead of a full eigendecomposition.
+_LANCZOS_FROM = 256
+
+
+def _definite_spectrum(scaled: np.ndarray) -> tuple[float, float] | None:
+    """``(smallest, largest)`` eigenvalues of a large positive-definite matrix, else None.
+
+    None where the matrix is small (a full ``eigh`` is cheap), not positive definite (its
+    Cholesky factorisation fails), or the Lanczos iterations do not converge.
+    """
+    size = scaled.shape[0]
+    if size < _LANCZOS_FROM:
+        return None
+    try:
+        factor = cho_factor(scaled, check_finite=False)
+    except LinAlgError:
+        return None
+    start = np.full(size, 1.0 / np.sqrt(size))  # a fixed start: the same result every run
+    inverse = LinearOperator(
+        (size, size), matvec=lambda vector: cho_solve(factor, vector), dtype="float64"
+    )
+    try:
+        largest = eigsh(scaled, k=1, which="LA", tol=1e-6, v0=start, return_eigenvectors=False)
+        inverse_largest = eigsh(
+            inverse, k=1, which="LA", tol=1e-6, v0=start, return_eigenvectors=False
+        )
+    except ArpackNoConvergence:
+        return None
+    return 1.0 / float(inverse_largest[0]), float(largest[0])
 
 
 def direction_test(
