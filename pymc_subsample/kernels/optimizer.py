@@ -28,12 +28,17 @@ test of Byrd, Chin, Nocedal and Wu (2012, Math. Programming 134), with their the
 
 from __future__ import annotations
 
-from typing import NamedTuple
+import functools
+from collections.abc import Callable
+from typing import Any, NamedTuple, TypeVar, cast
 
 import numpy as np
 from scipy.linalg import LinAlgError, cho_factor, cho_solve, eigh
 from scipy.sparse.linalg import ArpackNoConvergence, LinearOperator, eigsh
 from scipy.special import ndtr
+from threadpoolctl import threadpool_limits
+
+_Function = TypeVar("_Function", bound=Callable[..., Any])
 
 __all__ = ["Curvature", "DirectionTest", "direction_test", "newton_curvature"]
 
@@ -65,6 +70,30 @@ class Curvature(NamedTuple):
     smallest_ratio: float
 
 
+#: From this many parameters the search's linear algebra runs on one BLAS thread.
+_ONE_THREAD_FROM = 128
+
+
+def _one_blas_thread(function: _Function) -> _Function:
+    """Run ``function`` with one BLAS/LAPACK thread when its first argument is large.
+
+    OpenBLAS's threaded ``eigh`` of a 1,006 x 1,006 matrix took 16 s on 2 busy cores against
+    0.9 s on one thread (its threads wait for each other while other processes hold the
+    cores); one thread loses little on an idle machine at these sizes. Small matrices skip
+    the limit, whose set-up (threadpoolctl reads the loaded libraries) costs milliseconds.
+    """
+
+    @functools.wraps(function)
+    def limited(first: np.ndarray, *args: Any, **kwargs: Any) -> Any:
+        if np.shape(first)[0] < _ONE_THREAD_FROM:
+            return function(first, *args, **kwargs)
+        with threadpool_limits(limits=1, user_api="blas"):
+            return function(first, *args, **kwargs)
+
+    return cast(_Function, limited)
+
+
+@_one_blas_thread
 def newton_curvature(matrix: np.ndarray, relative_floor: float = 1e-8) -> Curvature:
     """Make a symmetric curvature positive definite: eigenvalues to ``max(|lambda|, floor)``.
 
@@ -154,6 +183,7 @@ def _definite_spectrum(scaled: np.ndarray) -> tuple[float, float] | None:
     return 1.0 / float(inverse_largest[0]), float(largest[0])
 
 
+@_one_blas_thread
 def direction_test(
     gradient: np.ndarray,
     precision: np.ndarray,
