@@ -191,6 +191,11 @@ class ModelOracles:
         """Length of ``q``."""
         return self.initial_q.size
 
+    @property
+    def reads_groups(self) -> bool:
+        """Whether the rows read a table of parameters by a group index (``grouped_rows.py``)."""
+        return self._functions.grouped_search() is not None
+
     def log_prior(self, q: np.ndarray) -> float:
         """Free-variable log-densities with Jacobians, Potentials, and off-row observed terms."""
         return float(self._functions.prior(q))
