@@ -132,7 +132,9 @@ def find_reference_point(
         an update points more than 90 degrees away from the full-data update. In (0, 0.5).
     batch_size : int, optional
         Rows of the first test of each iteration (the paper's N_0); the minibatch doubles
-        until the test passes. Default ``max(200, 20 d)``.
+        until the test passes. Default ``max(200, 20 d)``; every row where the rows read a
+        table of group parameters by an index (a hierarchy), whose small groups a minibatch
+        leaves without rows.
     tol : float, default 1e-4
         Stop when an iteration on all rows has a squared Newton decrement below ``tol``
         (about ``sqrt(tol)`` posterior standard deviations from the mode).

@@ -73,7 +73,8 @@ def crossed_normal() -> pm.Model:
         a = pm.Normal("a", 0.0, 1.0, shape=20)
         c = pm.Normal("c", 0.0, 1.0, shape=7)
         noise = pm.HalfNormal("noise", 1.0)
-        pm.Normal("y", a[first] + c[second], noise, observed=y)
+        # The second index is an expression of the data, negative (counted from the end).
+        pm.Normal("y", a[first] + c[second - 7], noise, observed=y)
     return model
 
 

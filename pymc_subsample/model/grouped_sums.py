@@ -118,10 +118,14 @@ class GroupedSums:
             cells, groups = [], []
             for k, (index, table) in enumerate(zip(indices, tables, strict=True)):
                 index = np.asarray(index, dtype="int64")
-                if index.size and (index.min() < 0 or index.max() >= self.n_groups[k]):
+                n_groups = self.n_groups[k]
+                if index.size and (index.min() < -n_groups or index.max() >= n_groups):
                     raise IndexError(
-                        f"A group index of the rows is outside 0..{self.n_groups[k] - 1}."
+                        f"A group index of the rows is outside -{n_groups}..{n_groups - 1}, "
+                        f"the length of the table of group parameters it indexes."
                     )
+                if index.size and index.min() < 0:  # counted from the end, as NumPy does
+                    index = index % n_groups
                 cell = table[index].reshape(n, *self.cell_shapes[k])
                 cells.append(cell.astype(self.dtypes[k], copy=False))
                 groups.append(index)
