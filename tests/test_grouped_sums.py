@@ -89,7 +89,24 @@ def table_also_read_directly() -> pm.Model:
     return model
 
 
-MODELS = [noncentred_logistic, centred_poisson_slopes, crossed_normal, table_also_read_directly]
+def two_observed_variables() -> pm.Model:
+    """Two observed variables read the same table: two gathers, a row's cells unconnected."""
+    rng = np.random.default_rng(5)
+    group = _groups(rng, 5)
+    with pm.Model() as model:
+        effect = pm.Normal("effect", 0.0, 2.0, shape=5)
+        pm.Normal("y", effect[group], 1.0, observed=rng.normal(size=N_ROWS))
+        pm.Poisson("count", pm.math.exp(0.2 * effect[group]), observed=rng.poisson(1.0, N_ROWS))
+    return model
+
+
+MODELS = [
+    noncentred_logistic,
+    centred_poisson_slopes,
+    crossed_normal,
+    table_also_read_directly,
+    two_observed_variables,
+]
 
 
 def _oracles(model: pm.Model):

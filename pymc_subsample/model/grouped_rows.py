@@ -310,8 +310,8 @@ def per_row_derivatives_graph(grouped: GroupedRows) -> tuple[list[Variable], lis
 
 
 def _gradients(cost: TensorVariable, cells: list[TensorVariable]) -> list[Variable]:
-    """``pytensor.grad`` of ``cost`` with respect to each cell."""
-    return cast(list[Variable], pytensor.grad(cost, cells))
+    """``pytensor.grad`` of ``cost`` with respect to each cell (zero where it reads none)."""
+    return cast(list[Variable], pytensor.grad(cost, cells, disconnected_inputs="ignore"))
 
 
 def _length(vector: TensorVariable) -> int:
