@@ -21,6 +21,8 @@ draws (the reference search, the Laplace check, SGFS's start), which would other
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 __all__ = ["RowSampler", "SparseRowSampler"]
@@ -120,19 +122,12 @@ class RowSampler:
         self, rng: np.random.Generator, size: int, first: np.ndarray | None = None
     ) -> np.ndarray:
         # ``first``: the test's first proposals, already drawn (they hold a repeat).
-        batches: list[np.ndarray] = []
-        needed = size
-        while needed > 0:
-            if first is not None:
-                candidates, first = first, None
-            else:
-                candidates = rng.integers(0, self.n_rows, size=needed)
-            if self._n_taken > 0 or batches:
-                candidates = candidates[self._stamps[candidates] < self._test_start]
-            candidates = self._stamp(candidates)
-            batches.append(candidates)
-            needed -= candidates.size
-        return batches[0] if len(batches) == 1 else np.concatenate(batches)
+        def untaken(candidates: np.ndarray) -> np.ndarray:
+            return candidates[self._stamps[candidates] < self._test_start]
+
+        return _rejection_draw(
+            rng, self.n_rows, size, first, untaken, self._stamp, self._n_taken > 0
+        )
 
     def _stamp(self, candidates: np.ndarray) -> np.ndarray:
         """Mark rows taken in this test; return them without repeats (the last copy of each)."""
@@ -235,20 +230,45 @@ class SparseRowSampler:
         self, rng: np.random.Generator, size: int, first: np.ndarray | None = None
     ) -> np.ndarray:
         # RowSampler._draw_sparse, with membership in the test read from the sorted rows.
-        batches: list[np.ndarray] = []
-        needed = size
-        while needed > 0:
-            if first is not None:
-                candidates, first = first, None
-            else:
-                candidates = rng.integers(0, self.n_rows, size=needed)
-            if self._n_taken > 0 or batches:
-                candidates = candidates[~_among(self._taken, candidates)]
+        def untaken(candidates: np.ndarray) -> np.ndarray:
+            return candidates[~_among(self._taken, candidates)]
+
+        def take(candidates: np.ndarray) -> np.ndarray:
             candidates = _last_copies(candidates)
             self._taken = np.sort(np.concatenate([self._taken, candidates]))
-            batches.append(candidates)
-            needed -= candidates.size
-        return batches[0] if len(batches) == 1 else np.concatenate(batches)
+            return candidates
+
+        return _rejection_draw(rng, self.n_rows, size, first, untaken, take, self._n_taken > 0)
+
+
+def _rejection_draw(
+    rng: np.random.Generator,
+    n_rows: int,
+    size: int,
+    first: np.ndarray | None,
+    untaken: Callable[[np.ndarray], np.ndarray],
+    take: Callable[[np.ndarray], np.ndarray],
+    filter_first: bool,
+) -> np.ndarray:
+    """Propose rows uniformly until ``size`` new ones are taken; both samplers' draw.
+
+    ``first`` are proposals already drawn; ``untaken`` drops the rows taken earlier in the test
+    (skipped for the first batch when nothing was taken: ``filter_first`` False); ``take``
+    records a batch and returns it without repeats (the last copy of each row).
+    """
+    batches: list[np.ndarray] = []
+    needed = size
+    while needed > 0:
+        if first is not None:
+            candidates, first = first, None
+        else:
+            candidates = rng.integers(0, n_rows, size=needed)
+        if filter_first or batches:
+            candidates = untaken(candidates)
+        candidates = take(candidates)
+        batches.append(candidates)
+        needed -= candidates.size
+    return batches[0] if len(batches) == 1 else np.concatenate(batches)
 
 
 def _among(ordered: np.ndarray, rows: np.ndarray) -> np.ndarray:

@@ -99,11 +99,6 @@ class GroupedRows(NamedTuple):
         """``m``: the length of a row's vector ``psi_i``."""
         return int(self.direct.size) + sum(gather.cell_size for gather in self.gathers)
 
-    @property
-    def n_local(self) -> int:
-        """The number of parameters in all the tables together."""
-        return sum(gather.n_groups * gather.cell_size for gather in self.gathers)
-
 
 def find_grouped_rows(
     rows_logp: TensorVariable,
