@@ -7,11 +7,17 @@ check compares the 6 inclusion probabilities with it, to within 4.5 Monte Carlo 
 test at epsilon 0.01. False-failure rate from the chains' noise: at most 6 x 7e-6 per check.
 Moves whose proposal ratio is left out (the birth density, the pseudo-prior and the move
 probabilities) are off by up to 0.3 and fail.
+
+The subsampled run (epsilon 0.01, 20,000 draws) is made once per module and checked twice: its
+inclusion probabilities against the enumeration, and its excluded coefficients against their
+prior. Both tests are in one ``xdist_group`` so that ``--dist loadgroup`` (pyproject.toml) runs
+them in the same worker, which then samples once.
 """
 
 from __future__ import annotations
 
 import sys
+import warnings
 from pathlib import Path
 
 import arviz as az
@@ -44,6 +50,15 @@ def selection() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return X, y, probabilities @ models
 
 
+@pytest.fixture(scope="module")
+def subsampled(selection) -> az.InferenceData:
+    """The sequential test at epsilon 0.01: one run for the two tests that check it."""
+    X, y, _ = selection
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Draws after tuning read")
+        return _sample(X, y, seed=5, error_tolerance=0.01)
+
+
 def _inclusion_errors(idata: az.InferenceData, exact: np.ndarray) -> tuple:
     gamma = idata.posterior["gamma"].to_numpy()[0].astype(float)  # (draws, features)
     ess = np.array([az.ess(column[None, :]) for column in gamma.T], dtype=float)
@@ -66,11 +81,21 @@ def _sample(X: np.ndarray, y: np.ndarray, seed: int, **settings: object) -> az.I
 
 @pytest.mark.filterwarnings("ignore:Draws after tuning read")
 @pytest.mark.parametrize(
-    ("error_tolerance", "budget"), [(0.0, 0.0), (0.01, 0.03)], ids=["exact", "subsampled"]
+    ("error_tolerance", "budget"),
+    [
+        (0.0, 0.0),
+        pytest.param(0.01, 0.03, marks=pytest.mark.xdist_group("reversible_jump_subsampled")),
+    ],
+    ids=["exact", "subsampled"],
 )
-def test_inclusion_probabilities_match_enumeration(selection, error_tolerance, budget) -> None:
+def test_inclusion_probabilities_match_enumeration(
+    selection, error_tolerance, budget, request
+) -> None:
     X, y, exact = selection
-    idata = _sample(X, y, seed=5, error_tolerance=error_tolerance)
+    if error_tolerance > 0:
+        idata = request.getfixturevalue("subsampled")
+    else:
+        idata = _sample(X, y, seed=5, error_tolerance=error_tolerance)
     errors, mcse = _inclusion_errors(idata, exact)
     assert np.all(errors < 4.5 * mcse + budget + 1e-6), (errors, mcse)
     if error_tolerance > 0:
@@ -91,10 +116,10 @@ def test_a_missing_proposal_ratio_is_detected(selection, monkeypatch) -> None:
     assert not np.all(errors < 4.5 * mcse), (errors, mcse)
 
 
-def test_excluded_coefficients_follow_their_prior(selection) -> None:
+@pytest.mark.xdist_group("reversible_jump_subsampled")
+def test_excluded_coefficients_follow_their_prior(subsampled) -> None:
     """An excluded coefficient is a draw from its prior, N(0, 1): mean 0, sd 1 (pseudo-prior)."""
-    X, y, _ = selection
-    idata = _sample(X, y, seed=7, error_tolerance=0.01)
+    idata = subsampled
     gamma = idata.posterior["gamma"].to_numpy()[0]
     beta = idata.posterior["beta"].to_numpy()[0]
     # Features 1 and 3 are excluded 98% and 92% of the time. The values change only at a death
