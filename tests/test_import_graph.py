@@ -50,6 +50,7 @@ PARTS = frozenset(
         "proposal_parts",
         "sgfs_checks",
         "sgfs_start",
+        "stratification",
         "warning_relay",
     )
 )

@@ -82,6 +82,26 @@ class GroupedSums:
         """The number of table entries (the group-level parameters the rows read)."""
         return sum(g * s for g, s in zip(self.n_groups, self.cell_sizes, strict=True))
 
+    def row_groups(self, chunks: Iterable[Sequence[np.ndarray]]) -> np.ndarray:
+        """Each row's group in the table with the most groups (int64, from 0).
+
+        The strata of the stratified test (``kernels/stratified.py``): a row's log-likelihood
+        reads its group's parameters, so rows of one group are alike. Where the rows read
+        several tables (crossed factors), the finest factor's groups are the strata.
+        """
+        finest = int(np.argmax(self.n_groups))
+        n_groups = self.n_groups[finest]
+        pieces = []
+        for rows in chunks:
+            index = np.asarray(self._indices(*rows)[finest], dtype="int64")
+            if index.size and (index.min() < -n_groups or index.max() >= n_groups):
+                raise IndexError(
+                    f"A group index of the rows is outside -{n_groups}..{n_groups - 1}, "
+                    f"the length of the table of group parameters it indexes."
+                )
+            pieces.append(index % n_groups)
+        return np.concatenate(pieces)
+
     def totals(
         self,
         v: np.ndarray,

@@ -196,6 +196,17 @@ class ModelOracles:
         """Whether the rows read a table of parameters by a group index (``grouped_rows.py``)."""
         return self._functions.grouped_search() is not None
 
+    def row_groups(self, chunk_size: int = 65_536) -> np.ndarray | None:
+        """Each row's group (``GroupedSums.row_groups``), or None where the rows read no table.
+
+        One pass over the rows' index data, range by range: an int64 array of N entries.
+        """
+        grouped = self._functions.grouped_search()
+        if grouped is None:
+            return None
+        chunks = (self._gather(rows) for rows in row_chunks(self.n_rows, chunk_size))
+        return grouped.row_groups(chunks)
+
     def log_prior(self, q: np.ndarray) -> float:
         """Free-variable log-densities with Jacobians, Potentials, and off-row observed terms."""
         return float(self._functions.prior(q))

@@ -60,6 +60,7 @@ from pymc_subsample.step_methods.proposal_parts import PROPOSAL_PARTS, ProposalP
 from pymc_subsample.step_methods.proposal_parts.hamiltonian import HamiltonianPart
 from pymc_subsample.step_methods.proposal_parts.user import USER_PROPOSAL, user_part
 from pymc_subsample.step_methods.step_base import SubsampleStepBase
+from pymc_subsample.step_methods.stratification import make_strata
 from pymc_subsample.warnings import warn_user
 
 __all__ = ["STEP_STATS", "SubsampleMH", "SubsampleMHState"]
@@ -209,6 +210,8 @@ class SubsampleMH(SubsampleStepBase, ControlVariateChoice):
             # At most N: with fewer rows than a default batch the test is exact, as it should be.
             self.batch_size = min(default, self.oracles.n_rows)
         self.test.prepare(self)
+        #: The rows by group where the test reads them so (``stratification.py``), else None.
+        self.strata = make_strata(self)
         #: The proposal's part: how it is built, run and tuned (``proposal_parts``); its
         #: ``proposal_cov`` is the covariance in use (given, the Laplace one, or None).
         self.proposal_part = self._make_part(proposal_cov)
@@ -301,6 +304,7 @@ class SubsampleMH(SubsampleStepBase, ControlVariateChoice):
         # gradient and Hessian sums for the control variate, found again when it was automatic.
         self.row_sampler = RowSampler(self.oracles.n_rows)
         self.test.prepare(self)
+        self.strata = make_strata(self)
         if self.control is not None:
             self.control = self._make_control_variate(self._reference_point)
             if self.control is None:  # the automatic search failed on the new data

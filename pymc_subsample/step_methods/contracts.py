@@ -23,6 +23,7 @@ import numpy as np
 if TYPE_CHECKING:
     from pymc_subsample.kernels.correction import CorrectionDistribution
     from pymc_subsample.kernels.row_sampler import RowSampler
+    from pymc_subsample.kernels.stratified import Strata
     from pymc_subsample.model.oracles import ModelOracles
     from pymc_subsample.step_methods.control import ControlVariate
 
@@ -77,6 +78,23 @@ class StepTest(Protocol):
     @property
     def fields(self) -> tuple[str, ...]:
         """The decision's field names, in order: the stats the fused draw fills."""
+
+    @property
+    def reads_strata(self) -> bool:
+        """Whether the test samples the rows by group where the step has ``strata``."""
+
+    def exact(self, step: StepView) -> bool:
+        """Whether every decision reads all rows by request.
+
+        Parameters
+        ----------
+        step : StepView
+            The step the test decides for.
+
+        Returns
+        -------
+        bool
+        """
 
     def fused(self, step: StepView) -> FusedTest | None:
         """Return the test as the fused draw runs it, or None to run it in Python.
@@ -168,6 +186,13 @@ class StepView(Protocol):
         """The rows a test reads, without replacement within a test (``kernels/row_sampler.py``).
 
         Call its ``start_test()`` before a test's first batch.
+        """
+
+    @property
+    def strata(self) -> Strata | None:
+        """The rows by group for a stratified test (``step_methods/stratification.py``).
+
+        None where the test samples the rows uniformly from ``row_sampler``.
         """
 
     @property

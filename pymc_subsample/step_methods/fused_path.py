@@ -59,6 +59,8 @@ def fused_obstacle(step: StepView) -> str | None:
         return "no row of the likelihood depends on the step's variables"
     if step.control is not None and step.oracles.expansion != "unconstrained":
         return "the control variate is expanded in the likelihood's parameters"
+    if step.strata is not None:
+        return "the stratified test runs in Python"
     test = step.test.fused(step)
     if test is None:
         return f"the {type(step.test).__name__} test has no fused kernel with these settings"

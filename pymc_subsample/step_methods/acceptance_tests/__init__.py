@@ -106,6 +106,10 @@ class AcceptanceTest(ABC):
             exactly when they were all N.
         """
 
+    #: Whether the test samples the rows by group where the step has strata (``step.strata``,
+    #: ``kernels/stratified.py``); a test that does reads them in :meth:`decide`.
+    reads_strata: ClassVar[bool] = False
+
     def exact(self, step: StepView) -> bool:
         """Whether every decision reads all rows by request (no fallback warning then)."""
         return False

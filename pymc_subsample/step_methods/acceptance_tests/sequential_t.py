@@ -17,6 +17,7 @@ from pymc_subsample.kernels.austerity import (
     sequential_mh_test,
 )
 from pymc_subsample.kernels.design_search import design_test
+from pymc_subsample.kernels.stratified import stratified_mh_test
 from pymc_subsample.kernels.test_design import (
     DesignChoice,
     OptimalDesign,
@@ -25,6 +26,7 @@ from pymc_subsample.kernels.test_design import (
 )
 from pymc_subsample.step_methods.acceptance_tests import AcceptanceTest, StatSpec
 from pymc_subsample.step_methods.contracts import FusedTest
+from pymc_subsample.step_methods.stratification import rows_per_stratum
 from pymc_subsample.warnings import warn_user
 
 if TYPE_CHECKING:
@@ -68,6 +70,7 @@ class SequentialTTest(AcceptanceTest):
     }
     #: Without a control variate the l_i are far from Gaussian in small batches (the paper's m).
     uncontrolled_batch_size = 500
+    reads_strata = True
 
     def __init__(
         self,
@@ -235,12 +238,25 @@ class SequentialTTest(AcceptanceTest):
             return exact_mh_test(
                 step.rng, log_ratio_rows, step.n_rows, log_prior_proposal_ratio, step.temperature
             )
+        tolerances = self._tolerances(step)
+        if step.strata is not None and not isinstance(tolerances, np.ndarray):
+            # The rows by group (kernels/stratified.py); a designed test's per-stage
+            # tolerances are for uniform stages of batch_size rows.
+            return stratified_mh_test(
+                step.rng,
+                log_ratio_rows,
+                step.strata,
+                log_prior_proposal_ratio,
+                tolerances,
+                rows_per_stratum(step.strata, step.batch_size),
+                step.temperature,
+            )
         return sequential_mh_test(
             step.rng,
             log_ratio_rows,
             step.row_sampler,
             log_prior_proposal_ratio,
-            self._tolerances(step),
+            tolerances,
             step.batch_size,
             step.temperature,
         )

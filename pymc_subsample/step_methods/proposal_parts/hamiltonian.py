@@ -130,10 +130,52 @@ class HamiltonianPart(ProposalPart):
         oracles = step.oracles
         if not oracles.rows_depend_on_q:
             return oracles.log_prior_grad
+        if self._follows_proxies(step):
+            return self._proxy_gradient(step)
         n_rows, n_gradient = oracles.n_rows, self.trajectory_gradient_rows(step)
         if n_gradient == n_rows:
             return oracles.gradient_on_rows(None, step.temperature)
         return self._estimate(step, step.rng.integers(0, n_rows, size=n_gradient))
+
+    def _follows_proxies(self, step: StepView) -> bool:
+        """Whether the trajectories follow the second-order proxies alone, reading no row.
+
+        On a hierarchy whose test reads the rows by group (``step.strata``), once a tuning
+        checkpoint measured that a minibatch of the proxies' remainders would need more than
+        ``TRAJECTORY_GRADIENT_ROWS`` rows: drawn uniformly, its noise is carried by the rows
+        of small groups, as the uniform test's was (on a 200-group logistic regression with
+        2e5 rows it asked for 40,000 rows per gradient, 5.9 million per draw). The
+        stratified test weighs the proxies' error at the trajectory's end (``docs/hmc.md``,
+        "On a hierarchy").
+        """
+        control = step.control
+        return (
+            step.strata is not None
+            and control is not None
+            and control.proxy.order == 2
+            and bool(self._rows_needed)
+            and max(self._rows_needed) > TRAJECTORY_GRADIENT_ROWS
+        )
+
+    @staticmethod
+    def _proxy_gradient(step: StepView) -> Callable[[np.ndarray], np.ndarray]:
+        """Return the gradient of the prior plus the second-order proxies' sum: no row read.
+
+        ``grad log rho(q) + J_phi(q)^T (G* + H* (phi(q) - phi*)) / T``, the gradient of the
+        log posterior the control variate's proxies approximate (``docs/hmc.md``, "On a
+        hierarchy"): its trajectory is a valid proposal like any gradient's fixed for a
+        draw, and the step's test weighs the proxies' error.
+        """
+        oracles, control = step.oracles, step.control
+        assert control is not None
+        proxy, temperature = control.proxy, step.temperature
+        point, pullback = oracles.expansion_point, oracles.expansion_pullback
+
+        def proxies(q: np.ndarray) -> np.ndarray:
+            expansion = proxy.gradient_sum + proxy.hessian_sum @ (point(q) - proxy.reference)
+            return oracles.log_prior_grad(q) + pullback(q, expansion) / temperature
+
+        return proxies
 
     def _estimate(self, step: StepView, rows: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
         """Return the gradient estimate from ``rows`` (drawn with replacement)."""
@@ -176,6 +218,8 @@ class HamiltonianPart(ProposalPart):
         N rows per draw anyway. Else ``TRAJECTORY_GRADIENT_ROWS`` until the first checkpoint
         of tuning, then the size the noise measured there asks for (:meth:`_resize`).
         """
+        if self._follows_proxies(step):
+            return 0
         if _reads_every_row(step):
             return step.oracles.n_rows
         return max(self._rows_needed) if self._rows_needed else TRAJECTORY_GRADIENT_ROWS
