@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import importlib.util
+import os
+import pickle
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
+from typing import TypeVar
 
 import numpy as np
 import pymc as pm
@@ -14,6 +18,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 EXAMPLES = Path(__file__).parents[1] / "examples"
+
+T = TypeVar("T")
 
 
 def example_module(name: str) -> ModuleType:
@@ -52,3 +58,34 @@ def linear_regression_model(X: np.ndarray, y: np.ndarray, prior_sd: float = 10.0
 def small_regression():
     X, y = linear_regression_data(400, seed=1)
     return linear_regression_model(X, y), X, y
+
+
+def computed_once_per_session(
+    tmp_path_factory: pytest.TempPathFactory, name: str, compute: Callable[[], T]
+) -> T:
+    """``compute()`` once per test session, shared by pytest-xdist's workers through a pickle.
+
+    A module-scoped fixture is built once per worker, so two tests that read one long run would
+    each make it when ``-n 2`` sends them to different workers. The first worker to ask computes
+    it (holding a lock, so the other waits for it rather than computing it too) and saves it in
+    the session's base temporary directory; the others load it. Without xdist, or without
+    ``fcntl`` (Windows), each process computes its own.
+    """
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX
+        return compute()
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the workers' base temporary directories share this one
+    saved = root / f"{name}.pickle"
+    with open(root / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            if saved.exists():
+                return pickle.loads(saved.read_bytes())
+            value = compute()
+            saved.write_bytes(pickle.dumps(value))
+            return value
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
