@@ -8,10 +8,10 @@ test at epsilon 0.01. False-failure rate from the chains' noise: at most 6 x 7e-
 Moves whose proposal ratio is left out (the birth density, the pseudo-prior and the move
 probabilities) are off by up to 0.3 and fail.
 
-The subsampled run (epsilon 0.01, 20,000 draws) is made once per module and checked twice: its
-inclusion probabilities against the enumeration, and its excluded coefficients against their
-prior. Both tests are in one ``xdist_group`` so that ``--dist loadgroup`` (pyproject.toml) runs
-them in the same worker, which then samples once.
+The subsampled run (epsilon 0.01, 20,000 draws) is made once per test session and checked
+twice: its inclusion probabilities against the enumeration, and its excluded coefficients
+against their prior (``conftest.computed_once_per_session``: one xdist worker samples, the other
+loads its draws).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import arviz as az
 import numpy as np
 import pymc as pm
 import pytest
+from conftest import computed_once_per_session
 
 import pymc_subsample as pms
 from pymc_subsample.kernels.reversible_jump import BirthDeathProposal
@@ -51,12 +52,16 @@ def selection() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 @pytest.fixture(scope="module")
-def subsampled(selection) -> az.InferenceData:
+def subsampled(selection, tmp_path_factory) -> az.InferenceData:
     """The sequential test at epsilon 0.01: one run for the two tests that check it."""
     X, y, _ = selection
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="Draws after tuning read")
-        return _sample(X, y, seed=5, error_tolerance=0.01)
+
+    def sample() -> az.InferenceData:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Draws after tuning read")
+            return _sample(X, y, seed=5, error_tolerance=0.01)
+
+    return computed_once_per_session(tmp_path_factory, "reversible_jump_subsampled", sample)
 
 
 def _inclusion_errors(idata: az.InferenceData, exact: np.ndarray) -> tuple:
@@ -81,12 +86,7 @@ def _sample(X: np.ndarray, y: np.ndarray, seed: int, **settings: object) -> az.I
 
 @pytest.mark.filterwarnings("ignore:Draws after tuning read")
 @pytest.mark.parametrize(
-    ("error_tolerance", "budget"),
-    [
-        (0.0, 0.0),
-        pytest.param(0.01, 0.03, marks=pytest.mark.xdist_group("reversible_jump_subsampled")),
-    ],
-    ids=["exact", "subsampled"],
+    ("error_tolerance", "budget"), [(0.0, 0.0), (0.01, 0.03)], ids=["exact", "subsampled"]
 )
 def test_inclusion_probabilities_match_enumeration(
     selection, error_tolerance, budget, request
@@ -116,7 +116,6 @@ def test_a_missing_proposal_ratio_is_detected(selection, monkeypatch) -> None:
     assert not np.all(errors < 4.5 * mcse), (errors, mcse)
 
 
-@pytest.mark.xdist_group("reversible_jump_subsampled")
 def test_excluded_coefficients_follow_their_prior(subsampled) -> None:
     """An excluded coefficient is a draw from its prior, N(0, 1): mean 0, sd 1 (pseudo-prior)."""
     idata = subsampled
