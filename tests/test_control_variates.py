@@ -15,7 +15,12 @@ import numpy as np
 import pymc as pm
 import pytensor.tensor as pt
 import pytest
-from conftest import linear_regression_data, linear_regression_model, linear_regression_posterior
+from conftest import (
+    computed_once_per_session,
+    linear_regression_data,
+    linear_regression_model,
+    linear_regression_posterior,
+)
 from pymc.blocking import DictToArrayBijection, RaveledVars
 from scipy.special import log_expit
 from scipy.stats import kstest
@@ -150,6 +155,20 @@ def _grid_posterior(X: np.ndarray, y: np.ndarray, prior_sd: float):
     return grid, cdf / cdf[-1]
 
 
+def _exact_start_posterior() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    X, y = _logistic(1500, 1, seed=8)
+    X = X + 0.5
+    return (X, y, *_grid_posterior(X, y, prior_sd=10.0))
+
+
+@pytest.fixture(scope="module")
+def exact_start_posterior(tmp_path_factory) -> tuple[np.ndarray, ...]:
+    """The exact-start test's data and grid posterior (90M log_expit calls): once per session."""
+    return computed_once_per_session(
+        tmp_path_factory, "control_variates_exact_start", _exact_start_posterior
+    )
+
+
 @pytest.mark.parametrize(
     ("step_class", "kwargs"),
     [
@@ -160,7 +179,7 @@ def _grid_posterior(X: np.ndarray, y: np.ndarray, prior_sd: float):
         ),
     ],
 )
-def test_exact_start_uniformity(step_class, kwargs):
+def test_exact_start_uniformity(step_class, kwargs, exact_start_posterior):
     # 800 chains start at exact posterior draws (inverse CDF on a 60,001-point grid, spacing
     # 1e-4, of the 1-D logistic posterior, N = 1500, temperature 1) and take 8 steps of 1.5
     # posterior sds. The
@@ -168,9 +187,7 @@ def test_exact_start_uniformity(step_class, kwargs):
     # are uniform: KS at level 1e-3 (false-failure rate 1e-3). The Barker test's error is the
     # correction's 7e-8; the Austerity test's is bounded by its 0.001 tolerance, below what 800
     # chains can see. Dropping R / T from the threshold fails the Barker case at p = 1e-52.
-    X, y = _logistic(1500, 1, seed=8)
-    X = X + 0.5
-    grid, cdf = _grid_posterior(X, y, prior_sd=10.0)
+    X, y, grid, cdf = exact_start_posterior
     rng = np.random.default_rng(9)
     starts = np.interp(rng.uniform(size=800), cdf, grid)
     sd = float(np.sqrt(np.interp(0.8413, cdf, grid) - np.interp(0.1587, cdf, grid)) ** 2 / 2)
