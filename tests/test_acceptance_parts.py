@@ -121,9 +121,9 @@ def test_the_penalty_step_samples_an_exact_posterior():
     x = rng.normal(size=20_000)
     y = rng.random(x.size) < expit(0.3 * x)
     grid = np.linspace(0.0, 0.6, 4001)
-    log_density = -0.5 * grid**2 + np.array(
-        [np.sum(np.where(y, log_expit(b * x), log_expit(-b * x))) for b in grid]
-    )
+    # log sigma(b x) where y, log sigma(-b x) where not: one log_expit of b * (+-x) per row.
+    signed_x = np.where(y, x, -x)
+    log_density = -0.5 * grid**2 + np.array([np.sum(log_expit(b * signed_x)) for b in grid])
     weights = np.exp(log_density - logsumexp(log_density))
     mean = float(weights @ grid)
     sd = math.sqrt(float(weights @ (grid - mean) ** 2))
