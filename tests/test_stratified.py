@@ -19,10 +19,15 @@ import pytest
 from scipy import stats
 
 import pymc_subsample as pms
-from pymc_subsample.kernels.stratified import build_strata, stratified_mh_test
+from pymc_subsample.kernels.correction import correction_distribution
+from pymc_subsample.kernels.stratified import (
+    build_strata,
+    stratified_barker_test,
+    stratified_mh_test,
+)
 
 
-def _population(seed: int, total: float) -> tuple[np.ndarray, np.ndarray]:
+def _population(seed: int, total: float, spread: float = 2e-4) -> tuple[np.ndarray, np.ndarray]:
     """Values in 60 groups of 1 to 2,000 rows whose sum is ``total``; each row's group.
 
     The sampled groups' estimate from 32 rows per size class has a standard error of about
@@ -33,8 +38,9 @@ def _population(seed: int, total: float) -> tuple[np.ndarray, np.ndarray]:
     group = np.repeat(np.arange(sizes.size), sizes)
     # Small groups: large values; large ones: small values around a group mean (as the
     # residuals of a hierarchy's rows are).
-    spread = np.where(sizes <= 16, 0.5, 2e-4)[group]
-    values = rng.normal(0.0, 1.0, group.size) * spread + rng.normal(0.0, 1e-4, sizes.size)[group]
+    row_spread = np.where(sizes <= 16, 0.5, spread)[group]
+    values = rng.normal(0.0, 1.0, group.size) * row_spread
+    values += rng.normal(0.0, spread / 2, sizes.size)[group]
     values += (total - values.sum()) / values.size
     order = rng.permutation(group.size)
     return values[order], group[order]
@@ -85,6 +91,27 @@ def test_acceptance_probability_is_metropolis_hastings(total):
     assert abs(frequency - expected) < 0.01 + 4 * math.sqrt(expected * (1 - expected) / 4_000)
 
 
+@pytest.mark.parametrize("total", [-1.5, 0.4])
+def test_barker_acceptance_probability_is_barker_s(total):
+    # Barker's rule accepts with probability sigmoid(Delta) (Seita et al., eq. 10); the
+    # correction's own error is below 0.005 in probability. Same resolution as above. The
+    # estimate's variance is about 0.05 here, so the Gaussian X_nc carries most of the
+    # noise: leaving it out, or the whole groups' sum (0.5), moves the probability by 0.04
+    # to 0.1 and fails.
+    values, group = _population(2, total, spread=4e-5)
+    strata = build_strata(group, exact_size=16)
+    rng = np.random.default_rng(5)
+    correction = correction_distribution(1.0)
+    decisions = [
+        stratified_barker_test(rng, values.__getitem__, strata, 0.0, 32, 1.0, correction)
+        for _ in range(4_000)
+    ]
+    frequency = np.mean([d.accepted for d in decisions])
+    expected = 1.0 / (1.0 + math.exp(-total))
+    assert abs(frequency - expected) < 0.005 + 4 * math.sqrt(expected * (1 - expected) / 4_000)
+    assert all(d.full_data or d.variance < 1.0 for d in decisions)
+
+
 def test_a_non_finite_row_is_a_rejection():
     values, group = _population(4, 3.0)
     strata = build_strata(group, exact_size=16)
@@ -132,7 +159,8 @@ def _quadrature_moments(group: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, n
     return np.array(means), np.array(sds)
 
 
-def test_the_default_step_reads_groups_and_matches_the_exact_posterior():
+@pytest.mark.parametrize("step_class", [pms.AusterityMH, pms.MinibatchBarkerMH])
+def test_the_default_step_reads_groups_and_matches_the_exact_posterior(step_class):
     # Each group's mean must lie within 4.5 Monte Carlo standard errors (ESS-based) of the
     # quadrature mean: 24 groups give a false-failure rate of about 2e-4 for a right sampler.
     # A bias of 0.1 posterior sd in a group is detected at the ESS these chains reach
@@ -141,7 +169,7 @@ def test_the_default_step_reads_groups_and_matches_the_exact_posterior():
     model, group, y = _fixed_hyper_logistic()
     means, sds = _quadrature_moments(group, y)
     with model:
-        step = pms.AusterityMH()
+        step = step_class()
         assert step.strata is not None and step.strata.whole_rows.size > 0
         idata = pm.sample(
             step=step,
@@ -157,6 +185,7 @@ def test_the_default_step_reads_groups_and_matches_the_exact_posterior():
     se = az.mcse(idata, var_names=["a"])["a"].values
     errors = np.abs(draws.mean(("chain", "draw")).values - means)
     assert np.all(errors < 4.5 * se), (errors / se).round(2)
+    assert np.all(se < 0.1 * sds)  # the chains mixed enough to see a 0.5 sd bias
     sd_ratio = draws.std(("chain", "draw")).values / sds
     assert np.all((sd_ratio > 0.8) & (sd_ratio < 1.2)), sd_ratio.round(3)
     rows = idata.sample_stats["n_data"].values.mean()

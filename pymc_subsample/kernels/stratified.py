@@ -31,15 +31,24 @@ would pass half of those groups' rows, every row is read and the decision is exa
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import NamedTuple
 
 import numpy as np
 from scipy.special import stdtr
 
 from pymc_subsample.kernels.austerity import FULL_PASS_CHUNK, AusterityDecision
+from pymc_subsample.kernels.barker import BarkerDecision
+from pymc_subsample.kernels.correction import CorrectionDistribution, sample_correction
 
-__all__ = ["Strata", "build_strata", "stratified_mh_test"]
+__all__ = [
+    "StratifiedEstimate",
+    "Strata",
+    "build_strata",
+    "stratified_barker_test",
+    "stratified_estimates",
+    "stratified_mh_test",
+]
 
 LogRatioRows = Callable[[np.ndarray], np.ndarray]
 
@@ -120,6 +129,89 @@ def build_strata(group: np.ndarray, exact_size: int) -> Strata:
     )
 
 
+class StratifiedEstimate(NamedTuple):
+    """The rows' summed values estimated at one stage of a stratified test."""
+
+    #: ``whole + sum_c N_c mean_c``: the estimate of ``sum_i l_i`` over all N rows.
+    total: float
+    #: Its variance ``sum_c N_c^2 s_c^2 / m_c`` (0 when exact).
+    variance: float
+    #: Welch-Satterthwaite's degrees of freedom of the variance (inf when it is 0).
+    dof: float
+    #: Row evaluations so far.
+    n_data: int
+    #: Stages so far.
+    n_batches: int
+    #: Whether ``total`` is the exact sum over all N rows.
+    full_data: bool
+    #: Whether a value read was NaN or infinite (the estimate is then meaningless).
+    nonfinite: bool
+
+
+def stratified_estimates(
+    rng: np.random.Generator,
+    log_ratio_rows: LogRatioRows,
+    strata: Strata,
+    rows_per_stratum: int,
+) -> Iterator[StratifiedEstimate]:
+    """Yield the estimate after each stage, until one is exact or a value is not finite.
+
+    The first stage reads the whole groups and ``rows_per_stratum`` rows of every sampled
+    stratum (uniformly, with replacement); each later stage doubles the sampled rows. Once
+    the sampled rows would pass half the sampled strata's rows, the last estimate reads every
+    sampled row and is exact. A caller stops iterating where its rule holds.
+    """
+    if rows_per_stratum < 2:
+        raise ValueError(f"rows_per_stratum must be at least 2, got {rows_per_stratum}.")
+    whole = _chunked_sum(log_ratio_rows, strata.whole_rows)
+    n_data = int(strata.whole_rows.size)
+    if not math.isfinite(whole):
+        yield StratifiedEstimate(whole, math.inf, math.nan, n_data, 1, False, True)
+        return
+    sizes = strata.sizes
+    n_sampled_rows = float(sizes.sum())
+    sums = np.zeros(strata.n_sampled)
+    squares = np.zeros(strata.n_sampled)
+    shift = np.zeros(strata.n_sampled)
+    count, take, stage = 0, rows_per_stratum, 0
+    while strata.n_sampled and (count + take) * strata.n_sampled <= n_sampled_rows / 2:
+        stage += 1
+        positions = strata.starts[:, None] + (
+            rng.random((strata.n_sampled, take)) * sizes[:, None]
+        ).astype(np.int64)
+        values = np.asarray(log_ratio_rows(strata.sampled_rows[positions.ravel()]), dtype=float)
+        n_data += values.size
+        if not np.all(np.isfinite(values)):
+            yield StratifiedEstimate(math.nan, math.inf, math.nan, n_data, stage, False, True)
+            return
+        values = values.reshape(strata.n_sampled, take)
+        if stage == 1:  # centre each stratum on its first mean (no cancellation in the squares)
+            shift = values.mean(axis=1)
+        centred = values - shift[:, None]
+        sums += centred.sum(axis=1)
+        squares += np.square(centred).sum(axis=1)
+        count += take
+        means = shift + sums / count
+        variances = np.maximum(squares - sums * sums / count, 0.0) / (count - 1)
+        terms = np.square(sizes) * variances / count  # each stratum's Var(N_c mean_c)
+        variance = float(terms.sum())
+        # Welch-Satterthwaite (Cochran 1977, eq. 5.32), each term over the total so that the
+        # squares cannot overflow.
+        dof = (
+            (count - 1) / float(np.sum(np.square(terms / variance)))
+            if 0.0 < variance < math.inf
+            else math.inf
+        )
+        total = whole + float(sizes @ means)
+        yield StratifiedEstimate(total, variance, dof, n_data, stage, False, False)
+        take = count  # double every sampled stratum's rows
+    total = whole + _chunked_sum(log_ratio_rows, strata.sampled_rows)
+    n_data += int(strata.sampled_rows.size)
+    yield StratifiedEstimate(
+        total, 0.0, math.inf, n_data, stage + 1, True, not math.isfinite(total)
+    )
+
+
 def stratified_mh_test(
     rng: np.random.Generator,
     log_ratio_rows: LogRatioRows,
@@ -159,75 +251,99 @@ def stratified_mh_test(
         distribution.
 
     """
-    if rows_per_stratum < 2:
-        raise ValueError(f"rows_per_stratum must be at least 2, got {rows_per_stratum}.")
     u = rng.uniform()
     log_u = math.log(u) if u > 0.0 else -math.inf
     if not math.isfinite(log_prior_proposal_ratio):
         return AusterityDecision(False, 0, 0, False, True, -math.inf)
     # Korattikara 2014, eq. 2 multiplied through by N: accept iff sum_i l_i > target.
     target = temperature * (log_u - log_prior_proposal_ratio)
-    whole = _chunked_sum(log_ratio_rows, strata.whole_rows)
-    n_data = int(strata.whole_rows.size)
-    if not math.isfinite(whole):
-        return AusterityDecision(False, n_data, 1, False, True, -math.inf)
-    if strata.n_sampled == 0:
-        return _decided(whole, target, temperature, log_prior_proposal_ratio, n_data, 1, True)
-    sizes = strata.sizes
-    n_sampled_rows = float(sizes.sum())
-    sums = np.zeros(strata.n_sampled)
-    squares = np.zeros(strata.n_sampled)
-    shift = np.zeros(strata.n_sampled)
-    count, take, stage = 0, rows_per_stratum, 0
-    while (count + take) * strata.n_sampled <= n_sampled_rows / 2:
-        stage += 1
-        positions = strata.starts[:, None] + (
-            rng.random((strata.n_sampled, take)) * sizes[:, None]
-        ).astype(np.int64)
-        values = np.asarray(log_ratio_rows(strata.sampled_rows[positions.ravel()]), dtype=float)
-        n_data += values.size
-        if not np.all(np.isfinite(values)):
-            return AusterityDecision(False, n_data, stage, False, True, -math.inf)
-        values = values.reshape(strata.n_sampled, take)
-        if stage == 1:  # centre each stratum on its first mean (no cancellation in the squares)
-            shift = values.mean(axis=1)
-        centred = values - shift[:, None]
-        sums += centred.sum(axis=1)
-        squares += np.square(centred).sum(axis=1)
-        count += take
-        means = shift + sums / count
-        variances = np.maximum(squares - sums * sums / count, 0.0) / (count - 1)
-        estimate = whole + float(sizes @ means)
-        terms = np.square(sizes) * variances / count  # each stratum's Var(n_g mean_g)
-        variance = float(terms.sum())
-        if variance == 0.0:  # every sampled stratum constant so far: nothing left to estimate
-            return _decided(estimate, target, temperature, log_prior_proposal_ratio, n_data, stage)
-        # Welch-Satterthwaite degrees of freedom (Cochran 1977, eq. 5.32).
-        # (each term over the total: no overflow of the squares)
-        dof = (count - 1) / float(np.sum(np.square(terms / variance)))
-        t_statistic = abs(estimate - target) / math.sqrt(variance)  # eq. 5
-        if stdtr(dof, -t_statistic) < error_tolerance:  # Algorithm 1, line 8
-            return _decided(estimate, target, temperature, log_prior_proposal_ratio, n_data, stage)
-        take = count  # double every sampled stratum's rows
-    total = whole + _chunked_sum(log_ratio_rows, strata.sampled_rows)
-    n_data += int(strata.sampled_rows.size)
-    if not math.isfinite(total):
-        return AusterityDecision(False, n_data, stage + 1, True, True, -math.inf)
-    return _decided(total, target, temperature, log_prior_proposal_ratio, n_data, stage + 1, True)
+    for estimate in stratified_estimates(rng, log_ratio_rows, strata, rows_per_stratum):
+        if estimate.nonfinite:
+            break
+        if estimate.full_data or estimate.variance == 0.0:
+            return _mh_decision(estimate, target, temperature, log_prior_proposal_ratio)
+        t_statistic = abs(estimate.total - target) / math.sqrt(estimate.variance)  # eq. 5
+        if stdtr(estimate.dof, -t_statistic) < error_tolerance:  # Algorithm 1, line 8
+            return _mh_decision(estimate, target, temperature, log_prior_proposal_ratio)
+    return AusterityDecision(
+        False, estimate.n_data, estimate.n_batches, estimate.full_data, True, -math.inf
+    )
 
 
-def _decided(
-    total: float,
+def stratified_barker_test(
+    rng: np.random.Generator,
+    log_ratio_rows: LogRatioRows,
+    strata: Strata,
+    log_prior_proposal_ratio: float,
+    rows_per_stratum: int,
+    temperature: float,
+    correction: CorrectionDistribution,
+) -> BarkerDecision:
+    """Decide one proposal by the minibatch Barker test on the stratified estimate.
+
+    Seita et al., Algorithm 1, with ``Delta* = total / T + log_prior_proposal_ratio`` (eq. 8)
+    and its variance ``s^2 = Var(total) / T^2`` from the strata: stages run while ``s^2 >=
+    sigma^2``; then ``X_nc ~ N(0, sigma^2 - s^2)`` and ``X_corr`` are added (eq. 13). With all
+    rows it is the exact Barker test (eq. 10). Arguments as :func:`stratified_mh_test`, and
+    ``correction`` as in :func:`~pymc_subsample.kernels.barker.minibatch_barker_test`.
+
+    Returns
+    -------
+    BarkerDecision
+        ``clt_error`` is NaN (Corollary 1's bound is for a uniform sample).
+    """
+    if not math.isfinite(log_prior_proposal_ratio):
+        return BarkerDecision(False, 0, 0, False, math.nan, math.nan, True, -math.inf)
+    variance_limit = correction.sigma**2
+    for estimate in stratified_estimates(rng, log_ratio_rows, strata, rows_per_stratum):
+        if estimate.nonfinite:
+            break
+        variance = estimate.variance / temperature**2
+        if not (estimate.full_data or variance < variance_limit):  # Algorithm 1
+            continue
+        delta_star = estimate.total / temperature + log_prior_proposal_ratio  # eq. 8
+        if estimate.full_data:
+            accepted = delta_star + rng.logistic() > 0.0  # exact Barker test, eq. 10
+        else:
+            noise = math.sqrt(variance_limit - variance) * rng.standard_normal()
+            accepted = delta_star + noise + sample_correction(rng, correction) > 0.0  # eq. 13
+        return BarkerDecision(
+            bool(accepted),
+            estimate.n_data,
+            estimate.n_batches,
+            estimate.full_data,
+            variance,
+            math.nan,
+            False,
+            delta_star,
+        )
+    return BarkerDecision(
+        False,
+        estimate.n_data,
+        estimate.n_batches,
+        estimate.full_data,
+        math.nan,
+        math.nan,
+        True,
+        -math.inf,
+    )
+
+
+def _mh_decision(
+    estimate: StratifiedEstimate,
     target: float,
     temperature: float,
     log_prior_proposal_ratio: float,
-    n_data: int,
-    n_batches: int,
-    full_data: bool = False,
 ) -> AusterityDecision:
-    delta_star = total / temperature + log_prior_proposal_ratio
+    delta_star = estimate.total / temperature + log_prior_proposal_ratio
     return AusterityDecision(
-        bool(total > target), n_data, n_batches, full_data, False, delta_star, math.nan
+        bool(estimate.total > target),
+        estimate.n_data,
+        estimate.n_batches,
+        estimate.full_data,
+        False,
+        delta_star,
+        math.nan,
     )
 
 

@@ -160,12 +160,16 @@ class AusterityMH(SubsampleMH, test=SequentialTTest):
     n_data : int64
         Rows whose log-likelihood ratio was evaluated for this draw (the cost). Rows are
         evaluated in calls of 1, 2, 4, ... stages, so this can exceed the rows the decision
-        used by less than a factor 2.
+        used by less than a factor 2. On a hierarchy's rows by group (``docs/architecture.md``,
+        "Stratified tests") it counts row evaluations: a row can be drawn twice, and an exact
+        decision reads every row after its stages.
     n_batches : int64
         Stage of the sequential test at which the decision was made: it used
-        ``min(n_batches * batch_size, N)`` rows (1 when exact MH ran directly on all rows).
+        ``min(n_batches * batch_size, N)`` rows (1 when exact MH ran directly on all rows);
+        by group, each stage doubles the rows of the one before.
     full_data : bool
-        The draw read all N rows (``n_data == N``) and made the exact MH decision on them.
+        The draw read all N rows (``n_data == N``; at least N by group) and made the exact MH
+        decision on them.
     nonfinite_proposal : bool
         The proposal was rejected because its prior or some row's log-likelihood was NaN or
         infinite.

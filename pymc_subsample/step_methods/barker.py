@@ -80,12 +80,16 @@ class MinibatchBarkerMH(SubsampleMH, test=BarkerTest):
         1.0 if the proposal was accepted, else 0.0 (a float, as in PyMC's ``Metropolis``, so
         that both can share a compound step).
     n_data : int64
-        Rows whose log-likelihood ratio was evaluated for this draw (the cost).
+        Rows whose log-likelihood ratio was evaluated for this draw (the cost); on a
+        hierarchy's rows by group (``docs/architecture.md``, "Stratified tests"), row
+        evaluations (a row can be drawn twice, and an exact decision reads every row after
+        its stages).
     n_batches : int64
-        Stage at which the test stopped: it used ``min(n_batches * batch_size, N)`` rows.
+        Stage at which the test stopped: it used ``min(n_batches * batch_size, N)`` rows; by
+        group, each stage doubles the rows of the one before.
     full_data : bool
-        The draw read all N rows (``n_data == N``) and the exact Barker test (logistic noise)
-        decided on them.
+        The draw read all N rows (``n_data == N``; at least N by group) and the exact Barker
+        test (logistic noise) decided on them.
     variance : float64
         The ``s^2`` of ``Delta*`` used (0 with all rows; NaN after a non-finite proposal).
     clt_error : float64

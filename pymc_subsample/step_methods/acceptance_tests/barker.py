@@ -10,8 +10,10 @@ import numpy as np
 from pymc_subsample.kernels import fused as fused_kernels
 from pymc_subsample.kernels.barker import BarkerDecision, minibatch_barker_test
 from pymc_subsample.kernels.correction import MAX_SIGMA, correction_distribution
+from pymc_subsample.kernels.stratified import stratified_barker_test
 from pymc_subsample.step_methods.acceptance_tests import AcceptanceTest, StatSpec
 from pymc_subsample.step_methods.contracts import FusedTest
+from pymc_subsample.step_methods.stratification import rows_per_stratum
 
 if TYPE_CHECKING:
     from pymc_subsample.step_methods.contracts import StepView, TestDecision
@@ -61,6 +63,7 @@ class BarkerTest(AcceptanceTest):
     """
 
     decision = BarkerDecision
+    reads_strata = True
     stats: ClassVar[dict[str, StatSpec]] = {
         "accepted": (np.float64, []),
         "n_data": (np.int64, []),
@@ -102,7 +105,22 @@ class BarkerTest(AcceptanceTest):
         log_ratio_rows: Callable[[np.ndarray], np.ndarray],
         log_prior_proposal_ratio: float,
     ) -> BarkerDecision:
-        """Run Algorithm 1 of Seita et al. (``kernels/barker.py``)."""
+        """Run Algorithm 1 of Seita et al. (``kernels/barker.py``).
+
+        On a hierarchy's rows by group (``step.strata``) the estimate and its variance are the
+        stratified ones (``kernels/stratified.py``), except with ``error_bound``: Corollary 1's
+        bound is for a uniform sample.
+        """
+        if step.strata is not None and self.error_bound is None:
+            return stratified_barker_test(
+                step.rng,
+                log_ratio_rows,
+                step.strata,
+                log_prior_proposal_ratio,
+                rows_per_stratum(step.strata, step.batch_size),
+                step.temperature,
+                self.correction,
+            )
         return minibatch_barker_test(
             step.rng,
             log_ratio_rows,
