@@ -235,6 +235,29 @@ class ModelOracles:
         """Gradient of :meth:`log_prior`."""
         return self._gradient("log_prior_grad", self._functions.prior_grad)(q)
 
+    def proxy_gradient(
+        self,
+        q: np.ndarray,
+        gradient_sum: np.ndarray,
+        hessian_sum: np.ndarray,
+        reference: np.ndarray,
+        temperature: float = 1.0,
+    ) -> np.ndarray:
+        """``grad log rho(q) + J(q)^T (G* + H* (x(q) - x*)) / T``: no row read.
+
+        The gradient of the prior plus second-order Taylor proxies with summed gradient
+        ``gradient_sum`` and Hessian ``hessian_sum`` at ``reference``, in the expansion's
+        space ``x`` (``q``, or the likelihood's parameters, :attr:`expansion`), in one
+        compiled call.
+        """
+        functions = (
+            self._functions.proxy_gradient
+            if self.expansion == "unconstrained"
+            else self._space.proxy_gradient
+        )
+        function = self._gradient("proxy_gradient", functions)
+        return np.asarray(function(q, gradient_sum, hessian_sum, reference, 1.0 / temperature))
+
     def gradient_on_rows(
         self, rows: np.ndarray | None, temperature: float = 1.0
     ) -> Callable[[np.ndarray], np.ndarray]:

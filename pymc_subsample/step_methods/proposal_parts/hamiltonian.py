@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -73,6 +73,8 @@ class HamiltonianPart(ProposalPart):
         self._tuned = 0  # tuning draws of this chain, for the gradient's checkpoints
         #: Rows each of the last two checkpoints asked for (None before the first).
         self._rows_needed: list[int] = []
+        #: The proxies whose sums the trajectories last followed, and those sums (C-ordered).
+        self._proxy_sums: tuple[Any, tuple[np.ndarray, ...]] = (None, ())
 
     @classmethod
     def obstacle(cls, step: StepView) -> str | None:
@@ -157,8 +159,7 @@ class HamiltonianPart(ProposalPart):
             and max(self._rows_needed) > TRAJECTORY_GRADIENT_ROWS
         )
 
-    @staticmethod
-    def _proxy_gradient(step: StepView) -> Callable[[np.ndarray], np.ndarray]:
+    def _proxy_gradient(self, step: StepView) -> Callable[[np.ndarray], np.ndarray]:
         """Return the gradient of the prior plus the second-order proxies' sum: no row read.
 
         ``grad log rho(q) + J_phi(q)^T (G* + H* (phi(q) - phi*)) / T``, the gradient of the
@@ -169,11 +170,15 @@ class HamiltonianPart(ProposalPart):
         oracles, control = step.oracles, step.control
         assert control is not None
         proxy, temperature = control.proxy, step.temperature
-        point, pullback = oracles.expansion_point, oracles.expansion_pullback
+        if self._proxy_sums[0] is not proxy:
+            # The compiled matrix-vector product is 4x slower on a Fortran-ordered matrix:
+            # one C-ordered copy per expansion, not per draw.
+            hessian = np.ascontiguousarray(proxy.hessian_sum)
+            self._proxy_sums = (proxy, (proxy.gradient_sum, hessian, proxy.reference))
+        gradient_sum, hessian_sum, reference = self._proxy_sums[1]
 
         def proxies(q: np.ndarray) -> np.ndarray:
-            expansion = proxy.gradient_sum + proxy.hessian_sum @ (point(q) - proxy.reference)
-            return oracles.log_prior_grad(q) + pullback(q, expansion) / temperature
+            return oracles.proxy_gradient(q, gradient_sum, hessian_sum, reference, temperature)
 
         return proxies
 
