@@ -162,26 +162,6 @@ def test_grouped_control_variate_sums_equal_the_dense_ones(make_model):
             np.testing.assert_allclose(hessian, expected[1], rtol=1e-9, atol=1e-9)
 
 
-@pytest.mark.parametrize("make_model", [noncentred_logistic])
-def test_the_proxy_gradient_is_the_prior_s_plus_the_pulled_back_expansion(make_model):
-    # The trajectories that follow the proxies alone (docs/hmc.md, "On a hierarchy") take one
-    # compiled call: grad log rho(q) + J(q)^T (G + H (x(q) - x*)) / T, in q and in theta.
-    oracles = _model_oracles(make_model)
-    likelihood = oracles.in_likelihood_parameters()
-    assert likelihood is not None
-    rng = np.random.default_rng(4)
-    for space in (oracles, likelihood):
-        size = space.expansion_size
-        gradient_sum, reference = rng.normal(size=size), rng.normal(size=size)
-        hessian_sum = rng.normal(size=(size, size))
-        hessian_sum = hessian_sum + hessian_sum.T
-        for q in _points(oracles.n_params, 3):
-            expansion = gradient_sum + hessian_sum @ (space.expansion_point(q) - reference)
-            expected = space.log_prior_grad(q) + space.expansion_pullback(q, expansion) / 2.0
-            got = space.proxy_gradient(q, gradient_sum, hessian_sum, reference, 2.0)
-            np.testing.assert_allclose(got, expected, rtol=1e-9, atol=1e-9)
-
-
 def test_rows_without_groups_keep_the_dense_sums():
     rng = np.random.default_rng(4)
     X = rng.normal(size=(N_ROWS, 2))

@@ -190,3 +190,20 @@ def test_the_default_step_reads_groups_and_matches_the_exact_posterior(step_clas
     assert np.all((sd_ratio > 0.8) & (sd_ratio < 1.2)), sd_ratio.round(3)
     rows = idata.sample_stats["n_data"].values.mean()
     assert rows < 0.25 * group.size
+
+
+def test_the_trajectories_gradient_by_group_is_exact_on_every_row():
+    # The second-order gradient estimate by group (docs/hmc.md, "On a hierarchy"): the small
+    # groups' remainders summed whole, the sampled strata's scaled to their rows. Given every
+    # sampled row once, it is the exact gradient of the log posterior (the proxies' sums are
+    # exact); counting the prior's gradient twice or scaling by N instead fails this.
+    model, _, _ = _fixed_hyper_logistic()
+    with model:
+        step = pms.AusterityMH(proposal="hmc")
+    assert step.strata is not None and step.control is not None
+    rng = np.random.default_rng(8)
+    exact = step.oracles.gradient_on_rows(None, 1.0)
+    estimate = step.proposal_part._estimate(step, step.strata.sampled_rows)
+    for _ in range(3):
+        q = step.control.reference + rng.normal(0.0, 0.3, step.oracles.n_params)
+        np.testing.assert_allclose(estimate(q), exact(q), rtol=1e-7, atol=1e-7)

@@ -35,7 +35,6 @@ from pymc_subsample.model.graphs import (
     posterior_gradient_graph,
     prior_gradient_graph,
     prior_hessian_graph,
-    proxy_gradient_graph,
     remainder_gradient_graph,
     residual_graph,
     score_graph,
@@ -90,7 +89,6 @@ class ModelFunctions:
     full_rows: LazyFunction
     score: LazyFunction
     prior_grad: LazyFunction
-    proxy_gradient: LazyFunction
     posterior_gradient: LazyFunction
     remainder_gradient: LazyFunction
     residual: dict[int, LazyFunction]
@@ -190,7 +188,6 @@ def model_functions(
         full_rows=LazyFunction(partial(given, [q], full_q), {**kwargs, "mode": "FAST_COMPILE"}),
         score=lazy(partial(score_graph, rows_q, q, row_inputs)),
         prior_grad=lazy(partial(prior_gradient_graph, prior_q, q)),
-        proxy_gradient=lazy(partial(proxy_gradient_graph, prior_q, q, q)),
         posterior_gradient=lazy(partial(posterior_gradient_graph, prior_q, rows_q, q, row_inputs)),
         remainder_gradient=lazy(
             partial(remainder_gradient_graph, prior_q, rows_q, rows_ref, q, q_ref, row_inputs)

@@ -152,27 +152,6 @@ def prior_gradient_graph(prior_q: TensorVariable, q: TensorVariable) -> tuple[li
     return [q], _prior_gradient(prior_q, q)
 
 
-def proxy_gradient_graph(
-    prior_q: TensorVariable, q: TensorVariable, point: TensorVariable
-) -> tuple[list[Variable], Any]:
-    """Build the gradient of the prior plus the second-order Taylor proxies' sum, in ``q``.
-
-    Inputs ``q``, the proxies' summed gradient ``G*`` and Hessian ``H*`` at the expansion
-    point ``point*``, ``point*`` and ``1 / T``; output ``grad log rho(q) + J(q)^T (G* + H*
-    (point(q) - point*)) / T`` with ``J = d point / d q`` (``point`` is ``q`` itself, or the
-    likelihood's parameters ``phi(q)``): one call per point of the trajectories that follow
-    the proxies alone (``docs/hmc.md``, "On a hierarchy").
-    """
-    gradient_sum = point.type("gradient_sum")
-    hessian_sum = pt.matrix("hessian_sum", dtype=point.dtype)
-    reference = point.type("reference")
-    inverse_temperature = pt.scalar("inverse_temperature", dtype=point.dtype)
-    held = disconnected_grad(gradient_sum + pt.dot(hessian_sum, point - reference))
-    total = prior_q + inverse_temperature * (point * held).sum()
-    gradient = pytensor.grad(total, q, disconnected_inputs="ignore")
-    return [q, gradient_sum, hessian_sum, reference, inverse_temperature], gradient
-
-
 def prior_hessian_graph(prior_q: TensorVariable, q: TensorVariable) -> tuple[list[Variable], Any]:
     """Build the gradient and Hessian of the prior part."""
     gradient = _prior_gradient(prior_q, q)

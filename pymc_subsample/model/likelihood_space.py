@@ -19,7 +19,6 @@ from pytensor.tensor.variable import TensorVariable
 from pymc_subsample.model.compiled import GraphBuilder, LazyFunction
 from pymc_subsample.model.graphs import (
     given,
-    proxy_gradient_graph,
     remainder_gradient_graph,
     residual_graph,
     sums_graph,
@@ -40,7 +39,6 @@ class LikelihoodSpace(NamedTuple):
     size: int
     phi: LazyFunction  # q -> theta
     pullback: LazyFunction  # q, v -> J_phi(q)^T v
-    proxy_gradient: LazyFunction  # q, G, H, theta_ref, 1/T -> grad of prior + proxies
     residual: dict[int, LazyFunction]  # q, q_old, theta_ref, rows -> l_i - r_i
     sums: LazyFunction  # theta_ref, rows -> (G, H) in theta
     remainder_gradient: LazyFunction  # q, theta_ref, factor, rows
@@ -81,7 +79,6 @@ def likelihood_space(
         size=int(found.theta.type.shape[0] or 0),
         phi=lazy(partial(given, [q], phi)),
         pullback=lazy(partial(given, [q, vector], pullback)),
-        proxy_gradient=lazy(partial(proxy_gradient_graph, prior_q, q, phi)),
         residual={
             order: lazy(partial(residual_graph, *residual_inputs, order)) for order in (1, 2)
         },

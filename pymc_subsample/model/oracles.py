@@ -235,29 +235,6 @@ class ModelOracles:
         """Gradient of :meth:`log_prior`."""
         return self._gradient("log_prior_grad", self._functions.prior_grad)(q)
 
-    def proxy_gradient(
-        self,
-        q: np.ndarray,
-        gradient_sum: np.ndarray,
-        hessian_sum: np.ndarray,
-        reference: np.ndarray,
-        temperature: float = 1.0,
-    ) -> np.ndarray:
-        """``grad log rho(q) + J(q)^T (G* + H* (x(q) - x*)) / T``: no row read.
-
-        The gradient of the prior plus second-order Taylor proxies with summed gradient
-        ``gradient_sum`` and Hessian ``hessian_sum`` at ``reference``, in the expansion's
-        space ``x`` (``q``, or the likelihood's parameters, :attr:`expansion`), in one
-        compiled call.
-        """
-        functions = (
-            self._functions.proxy_gradient
-            if self.expansion == "unconstrained"
-            else self._space.proxy_gradient
-        )
-        function = self._gradient("proxy_gradient", functions)
-        return np.asarray(function(q, gradient_sum, hessian_sum, reference, 1.0 / temperature))
-
     def gradient_on_rows(
         self, rows: np.ndarray | None, temperature: float = 1.0
     ) -> Callable[[np.ndarray], np.ndarray]:
@@ -296,9 +273,16 @@ class ModelOracles:
         return gradient
 
     def remainder_gradient_on_rows(
-        self, rows: np.ndarray, q_ref: np.ndarray, temperature: float = 1.0
+        self,
+        rows: np.ndarray,
+        q_ref: np.ndarray,
+        temperature: float = 1.0,
+        population: int | None = None,
     ) -> Callable[[np.ndarray], np.ndarray]:
         """``q -> log_prior_grad(q) + N / (n T) * sum of the rows' second-order remainders``.
+
+        ``population`` replaces N where ``rows`` are drawn from a part of the rows only (a
+        stratum of ``population`` rows, or all the rows of one, with ``population = n``).
 
         The remainder of row ``i`` is its score's difference from its first-order Taylor
         expansion at ``q_ref``: ``s_i(q) - s_i(q_ref) - H_i(q_ref) (q - q_ref)``. Adding the
@@ -317,7 +301,8 @@ class ModelOracles:
         )
         function = self._gradient("remainder_gradient_on_rows", remainder)
         data = self._gather(rows)
-        factor = np.asarray(self.n_rows / (rows.size * temperature), dtype="float64")
+        size = self.n_rows if population is None else population
+        factor = np.asarray(size / (rows.size * temperature), dtype="float64")
         reference = np.asarray(q_ref, dtype="float64")
 
         def gradient(q: np.ndarray) -> np.ndarray:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -34,6 +34,7 @@ from pymc_subsample.step_methods.proposal_parts import ProposalPart, register_pr
 if TYPE_CHECKING:
     from numpy.typing import ArrayLike
 
+    from pymc_subsample.kernels.stratified import Strata
     from pymc_subsample.step_methods.contracts import StepView, TestDecision
 
 __all__ = ["MASS_WINDOW_ENDS", "HamiltonianPart"]
@@ -73,8 +74,6 @@ class HamiltonianPart(ProposalPart):
         self._tuned = 0  # tuning draws of this chain, for the gradient's checkpoints
         #: Rows each of the last two checkpoints asked for (None before the first).
         self._rows_needed: list[int] = []
-        #: The proxies whose sums the trajectories last followed, and those sums (C-ordered).
-        self._proxy_sums: tuple[Any, tuple[np.ndarray, ...]] = (None, ())
 
     @classmethod
     def obstacle(cls, step: StepView) -> str | None:
@@ -132,55 +131,22 @@ class HamiltonianPart(ProposalPart):
         oracles = step.oracles
         if not oracles.rows_depend_on_q:
             return oracles.log_prior_grad
-        if self._follows_proxies(step):
-            return self._proxy_gradient(step)
         n_rows, n_gradient = oracles.n_rows, self.trajectory_gradient_rows(step)
         if n_gradient == n_rows:
             return oracles.gradient_on_rows(None, step.temperature)
-        return self._estimate(step, step.rng.integers(0, n_rows, size=n_gradient))
+        return self._estimate(step, self._draw_rows(step, n_gradient))
 
-    def _follows_proxies(self, step: StepView) -> bool:
-        """Whether the trajectories follow the second-order proxies alone, reading no row.
+    @staticmethod
+    def _draw_rows(step: StepView, size: int) -> np.ndarray:
+        """Draw a gradient's minibatch with replacement.
 
-        On a hierarchy whose test reads the rows by group (``step.strata``), once a tuning
-        checkpoint measured that a minibatch of the proxies' remainders would need more than
-        ``TRAJECTORY_GRADIENT_ROWS`` rows: drawn uniformly, its noise is carried by the rows
-        of small groups, as the uniform test's was (on a 200-group logistic regression with
-        2e5 rows it asked for 40,000 rows per gradient, 5.9 million per draw). The
-        stratified test weighs the proxies' error at the trajectory's end (``docs/hmc.md``,
-        "On a hierarchy").
+        Of all rows, or of a hierarchy's sampled strata, whose small groups the estimate
+        reads whole (:func:`_by_group`).
         """
-        control = step.control
-        return (
-            step.strata is not None
-            and control is not None
-            and control.proxy.order == 2
-            and bool(self._rows_needed)
-            and max(self._rows_needed) > TRAJECTORY_GRADIENT_ROWS
-        )
-
-    def _proxy_gradient(self, step: StepView) -> Callable[[np.ndarray], np.ndarray]:
-        """Return the gradient of the prior plus the second-order proxies' sum: no row read.
-
-        ``grad log rho(q) + J_phi(q)^T (G* + H* (phi(q) - phi*)) / T``, the gradient of the
-        log posterior the control variate's proxies approximate (``docs/hmc.md``, "On a
-        hierarchy"): its trajectory is a valid proposal like any gradient's fixed for a
-        draw, and the step's test weighs the proxies' error.
-        """
-        oracles, control = step.oracles, step.control
-        assert control is not None
-        proxy, temperature = control.proxy, step.temperature
-        if self._proxy_sums[0] is not proxy:
-            # The compiled matrix-vector product is 4x slower on a Fortran-ordered matrix:
-            # one C-ordered copy per expansion, not per draw.
-            hessian = np.ascontiguousarray(proxy.hessian_sum)
-            self._proxy_sums = (proxy, (proxy.gradient_sum, hessian, proxy.reference))
-        gradient_sum, hessian_sum, reference = self._proxy_sums[1]
-
-        def proxies(q: np.ndarray) -> np.ndarray:
-            return oracles.proxy_gradient(q, gradient_sum, hessian_sum, reference, temperature)
-
-        return proxies
+        strata = _by_group(step)
+        if strata is None:
+            return step.rng.integers(0, step.oracles.n_rows, size=size)
+        return strata.sampled_rows[step.rng.integers(0, strata.sampled_rows.size, size=size)]
 
     def _estimate(self, step: StepView, rows: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
         """Return the gradient estimate from ``rows`` (drawn with replacement)."""
@@ -191,7 +157,12 @@ class HamiltonianPart(ProposalPart):
             return oracles.gradient_on_rows(rows, temperature)
         proxy = control.proxy
         if proxy.order == 2:
-            remainders = oracles.remainder_gradient_on_rows(rows, proxy.reference, temperature)
+            strata = _by_group(step)
+            remainders = (
+                oracles.remainder_gradient_on_rows(rows, proxy.reference, temperature)
+                if strata is None
+                else _stratified(step, strata, rows)
+            )
             point, pullback = oracles.expansion_point, oracles.expansion_pullback
 
             def second_order(q: np.ndarray) -> np.ndarray:
@@ -223,8 +194,6 @@ class HamiltonianPart(ProposalPart):
         N rows per draw anyway. Else ``TRAJECTORY_GRADIENT_ROWS`` until the first checkpoint
         of tuning, then the size the noise measured there asks for (:meth:`_resize`).
         """
-        if self._follows_proxies(step):
-            return 0
         if _reads_every_row(step):
             return step.oracles.n_rows
         return max(self._rows_needed) if self._rows_needed else TRAJECTORY_GRADIENT_ROWS
@@ -247,7 +216,7 @@ class HamiltonianPart(ProposalPart):
         with np.errstate(over="ignore", invalid="ignore"):
             estimates = np.array(
                 [
-                    self._estimate(step, step.rng.integers(0, oracles.n_rows, size=size))(q)
+                    self._estimate(step, self._draw_rows(step, size))(q)
                     for _ in range(NOISE_ESTIMATES)
                 ]
             )
@@ -255,7 +224,9 @@ class HamiltonianPart(ProposalPart):
         if not np.isfinite(noise):
             return
         needed = max(size, math.ceil(size * noise / TRAJECTORY_GRADIENT_NOISE))
-        if 4 * needed >= oracles.n_rows:
+        strata = _by_group(step)
+        population = oracles.n_rows if strata is None else strata.sampled_rows.size
+        if 4 * needed >= population:
             needed = oracles.n_rows
         self._rows_needed = [*self._rows_needed[-1:], needed]
 
@@ -264,6 +235,9 @@ class HamiltonianPart(ProposalPart):
         if not step.oracles.rows_depend_on_q:
             return 0
         n_gradient = self.trajectory_gradient_rows(step)
+        strata = _by_group(step)
+        if strata is not None and n_gradient < step.oracles.n_rows:
+            n_gradient += strata.whole_rows.size  # the small groups, read whole
         n_points = self._trajectory.n_steps + 1
         if step.control is not None and n_gradient < step.oracles.n_rows:
             # taylor2: each point also reads the rows at q* (a Hessian-vector product);
@@ -330,6 +304,46 @@ def _whitened(step: StepView, gradients: np.ndarray) -> np.ndarray:
     assert isinstance(kernel, HamiltonianProposal)
     factor = np.asarray(kernel.chol_factor)
     return gradients * factor if factor.ndim == 1 else gradients @ factor
+
+
+def _by_group(step: StepView) -> Strata | None:
+    """Return the strata a second-order gradient estimate reads by (None: uniformly).
+
+    On a hierarchy whose test reads the rows by group (``step.strata``) the remainders of
+    small groups' rows are large, as their residuals are: drawn uniformly, those rare rows
+    carried the noise (a 200-group logistic regression with 2e5 rows asked for 40,000 rows
+    per gradient). The estimate reads the small groups whole and draws the rest uniformly
+    among the sampled strata's rows (``docs/hmc.md``, "On a hierarchy").
+    """
+    control, strata = step.control, step.strata
+    if strata is None or control is None or control.proxy.order != 2:
+        return None
+    return strata if strata.sampled_rows.size else None
+
+
+def _stratified(
+    step: StepView, strata: Strata, rows: np.ndarray
+) -> Callable[[np.ndarray], np.ndarray]:
+    """Return the prior's gradient plus the rows' remainders estimated by group.
+
+    The small groups' exact sum plus ``rows``' (drawn among the sampled strata's rows) scaled
+    to those rows; each compiled function adds the prior's gradient, taken off once.
+    """
+    oracles, reference = step.oracles, step.control.proxy.reference  # type: ignore[union-attr]
+    temperature = step.temperature
+    scaled = oracles.remainder_gradient_on_rows(
+        rows, reference, temperature, population=strata.sampled_rows.size
+    )
+    if not strata.whole_rows.size:
+        return scaled
+    whole = oracles.remainder_gradient_on_rows(
+        strata.whole_rows, reference, temperature, population=strata.whole_rows.size
+    )
+
+    def by_group(q: np.ndarray) -> np.ndarray:
+        return scaled(q) + whole(q) - oracles.log_prior_grad(q)
+
+    return by_group
 
 
 def _reads_every_row(step: StepView) -> bool:
