@@ -304,7 +304,6 @@ class SubsampleMH(SubsampleStepBase, ControlVariateChoice):
         # gradient and Hessian sums for the control variate, found again when it was automatic.
         self.row_sampler = RowSampler(self.oracles.n_rows)
         self.test.prepare(self)
-        self.strata = make_strata(self)
         if self.control is not None:
             self.control = self._make_control_variate(self._reference_point)
             if self.control is None:  # the automatic search failed on the new data
@@ -321,6 +320,7 @@ class SubsampleMH(SubsampleStepBase, ControlVariateChoice):
                 )
             self.proposal_part = self._make_part(proposal_cov)
             self.proposal = self.proposal_part.build_kernel(self)
+        self.strata = make_strata(self)  # after the proposal, which it depends on
         self.diagnostics = self._make_diagnostics()
         if self.draw_path == "fused" and (obstacle := fused_obstacle(self)) is not None:
             self._fused, self.draw_path = None, f"python: {obstacle}"
