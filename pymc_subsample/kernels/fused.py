@@ -100,8 +100,15 @@ def propose(
     ratio ``(|z|^2 - |L^{-1} (q - mean)|^2) / 2``.
     """
     d = q.size
-    noise = np.random.standard_normal(d)
-    step = np.zeros(d)
+    # Scalar draws and loops rather than NumPy's array functions: the same numbers, and
+    # Numba types and compiles loops in a fraction of the time (a new environment's first
+    # build compiles these kernels; docs/architecture.md, "The fused draw").
+    noise = np.empty(d)
+    noise_sq = 0.0
+    for i in range(d):
+        noise[i] = np.random.standard_normal()
+        noise_sq += noise[i] * noise[i]
+    step = np.empty(d)
     for i in range(d):
         total = 0.0
         for j in range(i + 1):
@@ -115,7 +122,7 @@ def propose(
         for j in range(i + 1):
             total += inverse_factor[i, j] * (q[j] - mean[j])
         whitened_sq += total * total
-    return mean + step, 0.5 * (float(noise @ noise) - whitened_sq)
+    return mean + step, 0.5 * (noise_sq - whitened_sq)
 
 
 @_jit
@@ -171,7 +178,8 @@ def start_test(counters: np.ndarray, accumulator: np.ndarray) -> None:
     counters[_TEST_START] = counters[_NEXT_STAMP]
     counters[_TAKEN] = 0
     counters[_UNSTAMPED] = 0
-    accumulator[:] = 0.0
+    for k in range(accumulator.size):
+        accumulator[k] = 0.0
     accumulator[_KURTOSIS] = math.nan
 
 
@@ -210,7 +218,9 @@ def _distinct(rows: np.ndarray) -> bool:
     capacity = 1
     while capacity < 2 * rows.size:
         capacity *= 2
-    table = np.full(capacity, -1, dtype=np.int64)
+    table = np.empty(capacity, dtype=np.int64)
+    for slot in range(capacity):
+        table[slot] = -1
     mask = capacity - 1
     for row in rows:
         slot = row & mask
@@ -220,6 +230,27 @@ def _distinct(rows: np.ndarray) -> bool:
             slot = (slot + 1) & mask
         table[slot] = row
     return True
+
+
+@_jit
+def _shuffle(rows: np.ndarray) -> None:
+    """Shuffle in place (Fisher-Yates, as ``np.random.shuffle``)."""
+    for i in range(rows.size - 1, 0, -1):
+        j = np.random.randint(0, i + 1)
+        rows[i], rows[j] = rows[j], rows[i]
+
+
+@_jit
+def _first_above(sorted_values: np.ndarray, value: float) -> int:
+    """``np.searchsorted(sorted_values, value, side="right")`` by bisection."""
+    low, high = 0, sorted_values.size
+    while low < high:
+        middle = (low + high) // 2
+        if sorted_values[middle] <= value:
+            low = middle + 1
+        else:
+            high = middle
+    return low
 
 
 @_jit
@@ -241,7 +272,9 @@ def draw_rows(
     size = min(size, n_rows - taken)
     empty = np.empty(0, dtype=np.int64)
     if taken == 0 and 2 * size <= n_rows:
-        proposals = np.random.randint(0, n_rows, size)
+        proposals = np.empty(size, dtype=np.int64)
+        for k in range(size):
+            proposals[k] = np.random.randint(0, n_rows)
         counters[_TAKEN] = size
         if _distinct(proposals):
             counters[_UNSTAMPED] = 1
@@ -258,7 +291,7 @@ def draw_rows(
             if stamps[row] < start:
                 remaining[k] = row
                 k += 1
-        np.random.shuffle(remaining)
+        _shuffle(remaining)
     counters[_TAKEN] = taken + size
     if remaining.size > 0:
         offset = taken - (n_rows - remaining.size)
@@ -292,7 +325,10 @@ def consume_stages(
     seen = int(accumulator[_SEEN])
     if seen == 0:
         first_size = min(batch_size, values.size)
-        shift = values[:first_size].sum() / first_size
+        shift = 0.0
+        for k in range(first_size):
+            shift += values[k]
+        shift /= first_size
         accumulator[_SHIFT] = shift
         if first_size >= 4:
             total_sq = 0.0
@@ -372,7 +408,8 @@ def finish_decision(
     ``Delta*`` plus logistic noise is positive (eq. 10).
     """
     n_data = counters[_TAKEN]
-    result[:8] = 0.0  # the test's entries; distance_sq and what follows are the driver's
+    for k in range(8):  # the test's entries; distance_sq and what follows are the driver's
+        result[k] = 0.0
     result[1] = n_data
     result[2] = accumulator[_STAGE]
     result[6] = accumulator[_KURTOSIS]
@@ -397,8 +434,8 @@ def finish_decision(
         spread = accumulator[_STD_ERROR] * n_rows / temperature
         variance = spread * spread
         noise = math.sqrt(correction_sd**2 - variance) * np.random.standard_normal()
-        index = np.searchsorted(correction_cumulative, np.random.random(), side="right")
-        noise += correction_support[min(int(index), correction_support.size - 1)]
+        index = _first_above(correction_cumulative, np.random.random())
+        noise += correction_support[min(index, correction_support.size - 1)]
         accepted = delta_star + noise > 0.0
         result[7] = variance
     result[0] = 1.0 if accepted else 0.0
