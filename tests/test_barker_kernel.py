@@ -7,11 +7,16 @@ import math
 import numpy as np
 import pytest
 from conjugate import GaussianMean, run_chains
-from scipy.special import expit, ndtr
+from scipy.special import expit, ndtr, ndtri
 from scipy.stats import kstest
 
 from pymc_subsample.kernels import RowSampler, correction_distribution
-from pymc_subsample.kernels.barker import clt_error_bound, delta_variance, minibatch_barker_test
+from pymc_subsample.kernels.barker import (
+    clt_error_bound,
+    delta_variance,
+    estimate_noise_shortfall,
+    minibatch_barker_test,
+)
 
 LEVEL = 1e-3
 
@@ -163,3 +168,26 @@ def test_halved_delta_mutant_fails_uniformity():
         scale_in_sds=1.5,
     )
     assert _pit_pvalue(model, ends) < LEVEL
+
+
+@pytest.mark.parametrize("target", [0.65, 0.8, 0.9])
+@pytest.mark.parametrize("variance", [0.0, 0.3, 1.0])
+def test_noise_shortfall_restores_the_target_acceptance_mean(target, variance):
+    # Energy error Delta ~ N(-s0^2 / 2, s0^2) at the s0 where the exact test accepts with mean
+    # `target`, estimated with N(0, variance) noise: min(1, e^Delta*) plus the shortfall
+    # averages `target`. 400,000 draws of a [0, 1] statistic: standard error <= 0.0008, the
+    # tolerance 0.004 is 5 of them (false failure below 1e-6 per case). Without the shortfall
+    # the mean at variance 1 is 0.087 (target 0.8) below: it fails.
+    rng = np.random.default_rng(11)
+    s0 = -2.0 * float(ndtri(target / 2.0))
+    assert 2.0 * ndtr(-s0 / 2.0) == pytest.approx(target)
+    delta = rng.normal(-0.5 * s0**2, s0, 400_000) + rng.normal(0.0, math.sqrt(variance), 400_000)
+    statistic = np.minimum(1.0, np.exp(np.minimum(delta, 0.0)))
+    shortfall = estimate_noise_shortfall(variance, target)
+    assert abs(statistic.mean() + shortfall - target) < 0.004
+    assert (shortfall == 0.0) == (variance == 0.0)
+
+
+def test_noise_shortfall_of_a_nonfinite_variance_is_zero():
+    assert estimate_noise_shortfall(math.nan, 0.8) == 0.0
+    assert estimate_noise_shortfall(math.inf, 0.8) == 0.0

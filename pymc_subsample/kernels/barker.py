@@ -24,6 +24,8 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
+from scipy.optimize import brentq
+from scipy.special import ndtr
 
 from pymc_subsample.kernels.correction import CorrectionDistribution, sample_correction
 from pymc_subsample.kernels.row_sampler import RowSampler
@@ -34,7 +36,13 @@ from pymc_subsample.kernels.stages import (
     run_stages,
 )
 
-__all__ = ["BarkerDecision", "clt_error_bound", "delta_variance", "minibatch_barker_test"]
+__all__ = [
+    "BarkerDecision",
+    "clt_error_bound",
+    "delta_variance",
+    "estimate_noise_shortfall",
+    "minibatch_barker_test",
+]
 
 
 class BarkerDecision(NamedTuple):
@@ -65,6 +73,59 @@ def delta_variance(std_error: np.ndarray | float, n_rows: int, temperature: floa
     1.0
     """
     return np.square(np.asarray(std_error) * (n_rows / temperature))
+
+
+def estimate_noise_shortfall(variance: float, target: float) -> float:
+    """How far the estimate's noise lowers the mean Metropolis probability ``min(1, e^Delta*)``.
+
+    A step size tuned so that ``min(1, exp(Delta*))`` averages ``target`` reads the noise of
+    ``Delta* = Delta + e``, ``e ~ N(0, s^2)`` (eq. 8's CLT, ``s^2`` the test's ``variance``) as
+    energy error: with ``s^2`` near the correction's ``sigma^2 = 1`` even an exact trajectory
+    averages about 0.76, below Stan's 0.8, and the step size shrinks without end. Under the
+    usual model of a trajectory's energy error, Gaussian with ``E[e^Delta] = 1``, i.e.
+    ``Delta ~ N(-sigma_0^2 / 2, sigma_0^2)`` (Neal 2011, section 5.4.4; Beskos et al. 2013),
+    the exact test accepts with mean ``2 Phi(-sigma_0 / 2)``, which is ``target`` at one
+    ``sigma_0``; there ``Delta*`` is ``N(m, w)`` with ``m = -sigma_0^2 / 2`` and
+    ``w = sigma_0^2 + s^2``, and
+
+        E[min(1, e^X)] = Phi(m / sqrt(w)) + exp(m + w / 2) Phi(-(m + w) / sqrt(w)).
+
+    This returns ``target`` minus that mean: added to each draw's ``min(1, exp(Delta*))`` it
+    makes the statistic average ``target`` at the step size where the exact test would.
+
+    Parameters
+    ----------
+    variance : float
+        ``s^2``, the estimate's variance (0 with all rows; a non-finite one counts as 0).
+    target : float
+        The acceptance rate the step size aims at, in (0, 1).
+
+    Returns
+    -------
+    float
+        The shortfall, >= 0; 0 when ``variance`` is 0.
+
+    Examples
+    --------
+    >>> estimate_noise_shortfall(0.0, 0.8)
+    0.0
+    >>> round(estimate_noise_shortfall(1.0, 0.8), 3)
+    0.087
+    """
+    if not (math.isfinite(variance) and variance > 0.0):
+        return 0.0
+    sigma_0 = _energy_error_sd(target)
+    mean, total = -0.5 * sigma_0**2, sigma_0**2 + variance
+    root = math.sqrt(total)
+    above = float(ndtr(mean / root))  # P(X > 0)
+    below = math.exp(mean + 0.5 * total) * float(ndtr(-(mean + total) / root))  # E[e^X; X < 0]
+    expected = above + below
+    return max(target - expected, 0.0)
+
+
+def _energy_error_sd(target: float) -> float:
+    """``sigma_0`` with ``2 Phi(-sigma_0 / 2) = target``: the energy error's sd at ``target``."""
+    return float(brentq(lambda sd: 2.0 * float(ndtr(-0.5 * sd)) - target, 1e-9, 100.0))
 
 
 def clt_error_bound(values: np.ndarray) -> float:
