@@ -282,6 +282,26 @@ def test_the_gradient_minibatch_is_sized_by_its_measured_noise():
     assert sizes["taylor1"] > hamiltonian.TRAJECTORY_MIN_GRADIENT_ROWS, sizes
 
 
+
+def test_a_resized_minibatch_restarts_the_step_size_adaptation():
+    # The step size the first 2,000-row gradients forced is no guide once the minibatch is
+    # resized (tuning draws 150 and 250): dual averaging starts again there, as at a new
+    # mass in Stan's windows. Without the restart its average kept every tuning draw and a
+    # centred 100-group Poisson model ended tuning at step 0.009 (100 leapfrog steps) where
+    # the resized minibatch alone tunes to 0.27.
+    rng = np.random.default_rng(10)
+    X = rng.normal(size=(20_000, 3))
+    y = rng.binomial(1, 1.0 / (1.0 + np.exp(-X @ np.array([0.5, -1.0, 0.3]))))
+    with pm.Model():
+        beta = pm.Normal("beta", 0.0, 1.0, shape=3)
+        pm.Bernoulli("y", logit_p=X @ beta, observed=y)
+        step = pms.AusterityMH(proposal="hmc", control_variate="taylor1")
+        pm.sample(tune=300, draws=10, chains=1, step=step, random_seed=1, **SAMPLE)
+    part = step.proposal_part
+    assert part.trajectory_gradient_rows(step) != hamiltonian.TRAJECTORY_GRADIENT_ROWS
+    # Restarted at draw 150, or at 250 if the size changed again there (not at 300).
+    assert part._step_size.iteration in (50, 150), part._step_size.iteration
+
 def test_barker_tunes_the_step_size_on_its_estimates_noise_free_mean():
     # Barker's estimate stops with a variance up to the correction's sigma^2 = 1, whose noise
     # alone held min(1, exp(Delta*)) near 0.76 on average, below the 0.8 dual averaging aims

@@ -228,7 +228,15 @@ class HamiltonianPart(ProposalPart):
         population = oracles.n_rows if strata is None else strata.sampled_rows.size
         if 4 * needed >= population:
             needed = oracles.n_rows
+        before = self.trajectory_gradient_rows(step)
         self._rows_needed = [*self._rows_needed[-1:], needed]
+        if self.trajectory_gradient_rows(step) != before:
+            # A new minibatch is a new gradient noise: the step size the old one forced is no
+            # guide to this one (as a new mass is not in Stan's windows). Without this restart
+            # the first draws' noisier 2,000-row gradients kept the averaged step small after
+            # the minibatch grew: 0.009 and 100 leapfrog steps on a centred 100-group Poisson
+            # model, where the same sized minibatch alone tunes to about 0.1.
+            self._step_size = start_dual_averaging(step.scaling)
 
     def gradient_rows(self, step: StepView) -> int:
         """Rows read by the last trajectory's gradients: its rows times the points evaluated."""
