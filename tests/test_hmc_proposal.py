@@ -282,7 +282,6 @@ def test_the_gradient_minibatch_is_sized_by_its_measured_noise():
     assert sizes["taylor1"] > hamiltonian.TRAJECTORY_MIN_GRADIENT_ROWS, sizes
 
 
-
 def test_a_resized_minibatch_restarts_the_step_size_adaptation():
     # The step size the first 2,000-row gradients forced is no guide once the minibatch is
     # resized (tuning draws 150 and 250): dual averaging starts again there, as at a new
@@ -301,6 +300,7 @@ def test_a_resized_minibatch_restarts_the_step_size_adaptation():
     assert part.trajectory_gradient_rows(step) != hamiltonian.TRAJECTORY_GRADIENT_ROWS
     # Restarted at draw 150, or at 250 if the size changed again there (not at 300).
     assert part._step_size.iteration in (50, 150), part._step_size.iteration
+
 
 def test_barker_tunes_the_step_size_on_its_estimates_noise_free_mean():
     # Barker's estimate stops with a variance up to the correction's sigma^2 = 1, whose noise
