@@ -203,9 +203,12 @@ def test_the_trajectories_gradient_by_group_is_exact_on_every_row():
     with model:
         step = pms.AusterityMH(proposal="hmc")
     assert step.strata is not None and step.control is not None
+    gradient_strata = step.gradient_strata
+    assert gradient_strata is not None
+    assert gradient_strata.whole_rows.size > 0 and gradient_strata.sampled_rows.size > 0
     rng = np.random.default_rng(8)
     exact = step.oracles.gradient_on_rows(None, 1.0)
-    estimate = step.proposal_part._estimate(step, step.strata.sampled_rows)
+    estimate = step.proposal_part._estimate(step, gradient_strata.sampled_rows)
     for _ in range(3):
         q = step.control.reference + rng.normal(0.0, 0.3, step.oracles.n_params)
         np.testing.assert_allclose(estimate(q), exact(q), rtol=1e-7, atol=1e-7)

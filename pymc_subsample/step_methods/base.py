@@ -210,8 +210,9 @@ class SubsampleMH(SubsampleStepBase, ControlVariateChoice):
             # At most N: with fewer rows than a default batch the test is exact, as it should be.
             self.batch_size = min(default, self.oracles.n_rows)
         self.test.prepare(self)
-        #: The rows by group where the test reads them so (``stratification.py``), else None.
-        self.strata = make_strata(self)
+        #: The rows by group where the test reads them so (``stratification.py``), else None,
+        #: and those the trajectories' gradient reads by.
+        self.strata, self.gradient_strata = make_strata(self)
         #: The proposal's part: how it is built, run and tuned (``proposal_parts``); its
         #: ``proposal_cov`` is the covariance in use (given, the Laplace one, or None).
         self.proposal_part = self._make_part(proposal_cov)
@@ -320,7 +321,8 @@ class SubsampleMH(SubsampleStepBase, ControlVariateChoice):
                 )
             self.proposal_part = self._make_part(proposal_cov)
             self.proposal = self.proposal_part.build_kernel(self)
-        self.strata = make_strata(self)  # after the proposal, which it depends on
+        # After the proposal, which they depend on.
+        self.strata, self.gradient_strata = make_strata(self)
         self.diagnostics = self._make_diagnostics()
         if self.draw_path == "fused" and (obstacle := fused_obstacle(self)) is not None:
             self._fused, self.draw_path = None, f"python: {obstacle}"

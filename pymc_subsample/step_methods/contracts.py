@@ -196,6 +196,13 @@ class StepView(Protocol):
         """
 
     @property
+    def gradient_strata(self) -> Strata | None:
+        """The rows by group the trajectories' gradient reads by (``stratification.py``).
+
+        More small groups read whole than ``strata``'s; None where ``strata`` is.
+        """
+
+    @property
     def temperature(self) -> float:
         """The likelihood's temperature T: the posterior is ``prior x likelihood^(1/T)``."""
 

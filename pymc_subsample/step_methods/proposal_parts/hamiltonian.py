@@ -320,10 +320,12 @@ def _by_group(step: StepView) -> Strata | None:
     On a hierarchy whose test reads the rows by group (``step.strata``) the remainders of
     small groups' rows are large, as their residuals are: drawn uniformly, those rare rows
     carried the noise (a 200-group logistic regression with 2e5 rows asked for 40,000 rows
-    per gradient). The estimate reads the small groups whole and draws the rest uniformly
-    among the sampled strata's rows (``docs/hmc.md``, "On a hierarchy").
+    per gradient). The estimate reads the small groups whole, up to about 2,000 rows
+    (``step.gradient_strata``: more than the test reads whole, as the gradient's noise is paid
+    at every leapfrog step), and draws the rest uniformly among the other groups' rows
+    (``docs/hmc.md``, "On a hierarchy").
     """
-    control, strata = step.control, step.strata
+    control, strata = step.control, step.gradient_strata
     if strata is None or control is None or control.proxy.order != 2:
         return None
     return strata if strata.sampled_rows.size else None
