@@ -206,6 +206,8 @@ def test_the_trajectories_gradient_by_group_is_exact_on_every_row():
     gradient_strata = step.gradient_strata
     assert gradient_strata is not None
     assert gradient_strata.whole_rows.size > 0 and gradient_strata.sampled_rows.size > 0
+    # The gradient reads whole every group the test does, and more (stratification.py).
+    assert set(step.strata.whole_rows) < set(gradient_strata.whole_rows)
     rng = np.random.default_rng(8)
     exact = step.oracles.gradient_on_rows(None, 1.0)
     estimate = step.proposal_part._estimate(step, gradient_strata.sampled_rows)
