@@ -24,8 +24,7 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
-from scipy.optimize import brentq
-from scipy.special import ndtr
+from scipy.special import ndtr, ndtri
 
 from pymc_subsample.kernels.correction import CorrectionDistribution, sample_correction
 from pymc_subsample.kernels.row_sampler import RowSampler
@@ -114,18 +113,13 @@ def estimate_noise_shortfall(variance: float, target: float) -> float:
     """
     if not (math.isfinite(variance) and variance > 0.0):
         return 0.0
-    sigma_0 = _energy_error_sd(target)
+    sigma_0 = -2.0 * float(ndtri(0.5 * target))  # 2 Phi(-sigma_0 / 2) = target
     mean, total = -0.5 * sigma_0**2, sigma_0**2 + variance
     root = math.sqrt(total)
     above = float(ndtr(mean / root))  # P(X > 0)
     below = math.exp(mean + 0.5 * total) * float(ndtr(-(mean + total) / root))  # E[e^X; X < 0]
     expected = above + below
     return max(target - expected, 0.0)
-
-
-def _energy_error_sd(target: float) -> float:
-    """``sigma_0`` with ``2 Phi(-sigma_0 / 2) = target``: the energy error's sd at ``target``."""
-    return float(brentq(lambda sd: 2.0 * float(ndtr(-0.5 * sd)) - target, 1e-9, 100.0))
 
 
 def clt_error_bound(values: np.ndarray) -> float:

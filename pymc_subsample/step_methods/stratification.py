@@ -5,7 +5,8 @@ t-test samples the rows by group (``kernels/stratified.py``; ``docs/architecture
 "Stratified tests"): groups of at most :data:`WHOLE_GROUP_ROWS` rows are read whole at every
 test, the others are pooled by size class, and each class gets ``rows_per_stratum`` rows at
 the first stage. The Hamiltonian trajectories' gradient reads more groups whole (its own
-strata, :func:`gradient_strata`): its noise, unlike a test's, is paid at every leapfrog step.
+strata, ``StepStrata.gradient``, up to :func:`gradient_whole_size`): its noise, unlike a
+test's, is paid at every leapfrog step.
 """
 
 from __future__ import annotations
@@ -98,7 +99,8 @@ def gradient_whole_size(counts: np.ndarray, budget: int) -> int:
     >>> gradient_whole_size(np.array([3, 40, 40, 100, 2_000]), budget=50)
     16
     """
-    sizes = np.sort(np.asarray(counts)[np.asarray(counts) > 0])
+    counts = np.asarray(counts)
+    sizes = np.sort(counts[counts > 0])
     rows_up_to = np.cumsum(sizes)
     # The rows of every group of at most sizes[k] rows: the cumulative sum at the last
     # group of that size.
