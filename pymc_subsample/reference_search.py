@@ -28,6 +28,7 @@ from typing import NamedTuple
 
 import numpy as np
 from scipy.special import ndtri
+from threadpoolctl import threadpool_limits
 
 from pymc_subsample.kernels.optimizer import (
     Curvature,
@@ -38,6 +39,7 @@ from pymc_subsample.kernels.optimizer import (
 from pymc_subsample.kernels.row_sampler import SparseRowSampler
 from pymc_subsample.laplace_check import LAPLACE_SPREAD, laplace_log_weight_sd, not_gaussian
 from pymc_subsample.model.oracles import ModelOracles, SearchSums
+from pymc_subsample.model.parallel_pass import PARALLEL_ROWS
 from pymc_subsample.model.row_data import Rows, row_chunks
 
 __all__ = ["Optimum", "optimise_reference"]
@@ -97,8 +99,28 @@ def optimise_reference(
     start's (one chunked pass over the rows at each end, at set-up only; the end's is the last
     full-data line search's value where that is the point returned); :attr:`Optimum.failure`
     says why a point is not a usable reference. Full-data passes read ranges of rows in place.
+
+    BLAS runs one thread throughout: the passes' products are of a chunk's rows (8,192 x d),
+    where OpenBLAS's threads gain little alone and, beside any other busy process, made the
+    passes 5-10x slower (they wait for a core each); the passes share the cores themselves
+    (``model/parallel_pass.py``).
     """
     _check_arguments(method, error_tolerance, tol)
+    with threadpool_limits(limits=1, user_api="blas"):
+        return _optimise(oracles, q0, rng, method, error_tolerance, batch_size, tol, max_iter)
+
+
+def _optimise(
+    oracles: ModelOracles,
+    q0: np.ndarray,
+    rng: np.random.Generator,
+    method: str,
+    error_tolerance: float,
+    batch_size: int | None,
+    tol: float,
+    max_iter: int,
+) -> Optimum:
+    """Run :func:`optimise_reference` (its arguments checked)."""
     oracles = oracles.in_unconstrained()  # the Laplace check's residuals are in q
     n_rows, d = oracles.n_rows, oracles.n_params
     first = max(200, 20 * d) if batch_size is None else int(batch_size)
@@ -323,10 +345,14 @@ def _tested_update(
     sums: SearchSums | None = None
     size = min(first, n_rows)
     while True:
-        if size == n_rows:
-            # Every row: read in place, range by range (no draw, no gather, no copy).
+        if size == n_rows or (
+            chunks and size == n_rows - sampler.n_taken and n_rows >= PARALLEL_ROWS
+        ):
+            # Every row: read in place, range by range (no draw, no gather, no copy). From
+            # PARALLEL_ROWS on, every row again rather than the rest of them: in place,
+            # threaded and without scores, all of them cost less than the rest listed.
             batch = oracles.search_sums(q, slice(0, n_rows), with_hessian=newton, chunk_size=_CHUNK)
-            n_used = n_rows
+            n_used, size, chunks, sums = n_rows, n_rows, [], None
         elif chunks and size == n_rows - sampler.n_taken:
             # The rest of the rows: range by range, less the rows drawn (no list of N rows).
             batch = _rest_sums(oracles, q, sampler.taken, newton)
@@ -425,8 +451,12 @@ def _all_rows_pay(n_used: int, n_rows: int) -> bool:
     From a quarter of the rows on, Newton on all of them costs at most 4x as much, converges
     quadratically and has no subsampling noise, where a minibatch that large passed its test
     again and again with noisy steps (8 iterations at 409,600 of 1e6 rows on a logistic model).
+    From ``PARALLEL_ROWS`` rows on, a pass over all rows reads them in place, without per-row
+    scores, on every core (``ModelOracles.search_sums``), where a drawn row is drawn, sorted,
+    gathered and scored: about 20x the cost of a row of a full pass on 2 cores (logistic,
+    d = 10, N = 1e7). A sixteenth of the rows then costs about as much as all of them.
     """
-    return 4 * n_used >= n_rows
+    return (16 if n_rows >= PARALLEL_ROWS else 4) * n_used >= n_rows
 
 
 def _line_search(

@@ -31,6 +31,7 @@ from pymc_subsample.model.compiled import (
 )
 from pymc_subsample.model.gradients import with_static_length
 from pymc_subsample.model.graphs import (
+    full_sums_graph,
     given,
     posterior_gradient_graph,
     prior_gradient_graph,
@@ -85,6 +86,7 @@ class ModelFunctions:
     prior: LazyFunction
     prior_ratio: LazyFunction
     rows: LazyFunction
+    loglik_sum: LazyFunction
     ratio: LazyFunction
     full_rows: LazyFunction
     score: LazyFunction
@@ -94,6 +96,7 @@ class ModelFunctions:
     residual: dict[int, LazyFunction]
     sums: LazyFunction
     search: dict[bool, LazyFunction]
+    full_sums: LazyFunction
     prior_hessian: LazyFunction
     row_data: tuple[Variable, ...]
     data: tuple[SharedVariable, ...]
@@ -182,6 +185,7 @@ def model_functions(
         prior=fixed([q], prior_q),
         prior_ratio=fixed([q, q_old], prior_q - prior_q_old),
         rows=fixed([q, *row_inputs], rows_q),
+        loglik_sum=fixed([q, *row_inputs], [rows_q.sum()]),
         ratio=fixed([q, q_old, *row_inputs], rows_q - rows_q_old),
         # Called once, by the self-check only: PyTensor's Python linker skips the rewrites and
         # the JIT (0.3-0.5 s of set-up) and is fast enough for one vectorised pass.
@@ -200,6 +204,7 @@ def model_functions(
             hessian: lazy(partial(search_graph, rows_q, q, row_inputs, hessian))
             for hessian in (False, True)
         },
+        full_sums=lazy(partial(full_sums_graph, rows_q, q, row_inputs)),
         prior_hessian=lazy(partial(prior_hessian_graph, prior_q, q)),
         row_data=graph.row_data,
         data=shared_data([rows_q, prior_q, *graph.row_data], set(shared.values()) | set(shared)),

@@ -25,6 +25,7 @@ from pymc_subsample.model.compiled import LazyFunction, NumbaKernel, collection_
 from pymc_subsample.model.functions import ModelFunctions, initial_q, model_functions
 from pymc_subsample.model.identification import warn_if_unidentified
 from pymc_subsample.model.likelihood_space import LikelihoodSpace
+from pymc_subsample.model.parallel_pass import PARALLEL_ROWS, summed_over_ranges
 from pymc_subsample.model.row_data import DataTracker, Rows, data_value, row_chunks
 from pymc_subsample.model.rows import RowLayout
 from pymc_subsample.model.self_check import self_check
@@ -219,6 +220,20 @@ class ModelOracles:
         """Per-row log-likelihood of the rows ``idx`` (int64 indices or a slice); O(len(idx))."""
         return self._functions.rows(q, *self._gather(idx))
 
+    def loglik_total(self, q: np.ndarray, chunk_size: int = 65_536) -> float | None:
+        """Sum every row's log-likelihood at ``q`` on every core, or None below the threshold.
+
+        Only where the pass is shared among threads (``model/parallel_pass.py``: from
+        ``PARALLEL_ROWS`` rows, data in C order); None otherwise, and the caller reads the
+        rows range by range with :meth:`loglik_rows`.
+        """
+        if self.n_rows < PARALLEL_ROWS:
+            return None
+        total = summed_over_ranges(
+            self._functions.loglik_sum, [q], self.row_arrays(), self.n_rows, chunk_size
+        )
+        return None if total is None else float(total[0])
+
     def loglik_ratio_rows(
         self, q_new: np.ndarray, q_old: np.ndarray, idx: np.ndarray
     ) -> np.ndarray:
@@ -357,6 +372,10 @@ class ModelOracles:
                 q, (self._gather(rows) for rows in chunks), outer=False, hessian=True
             )
             return totals.gradient, cast(np.ndarray, totals.hessian)
+        if idx is None:
+            shared = summed_over_ranges(sums_fn, [q], self.row_arrays(), self.n_rows, chunk_size)
+            if shared is not None:
+                return shared[0], shared[1]
         for rows in chunks:
             chunk_gradient, chunk_hessian = sums_fn(q, *self._gather(rows))
             gradient += chunk_gradient
@@ -395,6 +414,13 @@ class ModelOracles:
             return SearchSums(
                 totals.loglik, totals.gradient, cast(np.ndarray, totals.outer), totals.hessian
             )
+        if (
+            with_hessian
+            and self.n_rows >= PARALLEL_ROWS
+            and isinstance(idx, slice)
+            and _row_count(idx, self.n_rows) == self.n_rows
+        ):
+            return self._full_search_sums(q, chunk_size)
         for rows in pieces:
             sums = function(q, *[array[:, None] for array in self._gather(rows)])
             loglik += float(sums[0])
@@ -403,6 +429,27 @@ class ModelOracles:
             if hessian is not None:
                 hessian += sums[3]
         return SearchSums(loglik, gradient, outer, hessian)
+
+    def _full_search_sums(self, q: np.ndarray, chunk_size: int) -> SearchSums:
+        """:meth:`search_sums` with the Hessian on every row: no scores, threaded.
+
+        The scores' outer products are returned as zeros: on every row the direction test's
+        variance has the finite-population factor 0 (``kernels/optimizer.py``), and without
+        per-row scores the pass does about half the work (74 against 154 ns per row on a
+        logistic regression with d = 10, one core). Used from ``PARALLEL_ROWS`` rows, where
+        that saves more than compiling one more function costs, and shared among the cores
+        there (``model/parallel_pass.py``).
+        """
+        function = self._functions.full_sums
+        d = self.n_params
+        totals = summed_over_ranges(function, [q], self.row_arrays(), self.n_rows, chunk_size)
+        if totals is None:
+            totals = [np.zeros(()), np.zeros(d), np.zeros((d, d))]
+            for rows in row_chunks(self.n_rows, chunk_size):
+                for total, output in zip(totals, function(q, *self._gather(rows)), strict=True):
+                    total += output
+        loglik, gradient, hessian = totals
+        return SearchSums(float(loglik), gradient, np.zeros((d, d)), hessian)
 
     def log_prior_hessian(self, q: np.ndarray) -> np.ndarray:
         """Hessian of :meth:`log_prior` (d x d)."""
@@ -576,3 +623,7 @@ def build_oracles(
     if new and not discrete:
         warn_if_unidentified(functions.flat, oracles.score_rows, oracles.n_rows, q0)
     return oracles
+
+
+def _row_count(rows: slice, n_rows: int) -> int:
+    return len(range(*rows.indices(n_rows)))

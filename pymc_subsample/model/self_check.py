@@ -51,6 +51,10 @@ class CheckedOracles(Protocol):
         """Return the prior part of the log-density."""
         ...
 
+    def loglik_total(self, q: np.ndarray) -> float | None:
+        """Return every row's log-likelihood summed on every core, or None (not shared)."""
+        ...
+
 
 def self_check(
     oracles: CheckedOracles, full_fn: LazyFunction, q0: np.ndarray, continuous: np.ndarray
@@ -118,7 +122,16 @@ def _among_other_rows(
 
 
 def _nonfinite_rows(oracles: CheckedOracles, q: np.ndarray) -> np.ndarray:
-    """Rows whose log-likelihood at ``q`` is not finite, read range by range in place."""
+    """Rows whose log-likelihood at ``q`` is not finite, read range by range in place.
+
+    On data large enough for a pass shared among the cores (``model/parallel_pass.py``), a
+    finite sum of every row's value says that none is NaN or infinite (a sum of finite values
+    overflows only beyond 1e308), and the rows are listed only when it is not.
+    """
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        total = oracles.loglik_total(q)
+    if total is not None and np.isfinite(total):
+        return np.empty(0, dtype=np.int64)
     bad: list[np.ndarray] = []
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
         for piece in row_chunks(oracles.n_rows, _FINITE_CHUNK):
