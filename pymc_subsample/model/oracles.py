@@ -25,7 +25,7 @@ from pymc_subsample.model.compiled import LazyFunction, NumbaKernel, collection_
 from pymc_subsample.model.functions import ModelFunctions, initial_q, model_functions
 from pymc_subsample.model.identification import warn_if_unidentified
 from pymc_subsample.model.likelihood_space import LikelihoodSpace
-from pymc_subsample.model.parallel_pass import PARALLEL_ROWS, summed_over_ranges
+from pymc_subsample.model.parallel_pass import PARALLEL_ROWS, PASS_CHUNK, summed_over_ranges
 from pymc_subsample.model.row_data import DataTracker, Rows, data_value, row_chunks
 from pymc_subsample.model.rows import RowLayout
 from pymc_subsample.model.self_check import self_check
@@ -220,7 +220,7 @@ class ModelOracles:
         """Per-row log-likelihood of the rows ``idx`` (int64 indices or a slice); O(len(idx))."""
         return self._functions.rows(q, *self._gather(idx))
 
-    def loglik_total(self, q: np.ndarray, chunk_size: int = 65_536) -> float | None:
+    def loglik_total(self, q: np.ndarray, chunk_size: int = PASS_CHUNK) -> float | None:
         """Sum every row's log-likelihood at ``q`` on every core, or None below the threshold.
 
         Only where the pass is shared among threads (``model/parallel_pass.py``: from
@@ -373,7 +373,7 @@ class ModelOracles:
             )
             return totals.gradient, cast(np.ndarray, totals.hessian)
         if idx is None:
-            shared = summed_over_ranges(sums_fn, [q], self.row_arrays(), self.n_rows, chunk_size)
+            shared = summed_over_ranges(sums_fn, [q], self.row_arrays(), self.n_rows, PASS_CHUNK)
             if shared is not None:
                 return shared[0], shared[1]
         for rows in chunks:
@@ -442,7 +442,7 @@ class ModelOracles:
         """
         function = self._functions.full_sums
         d = self.n_params
-        totals = summed_over_ranges(function, [q], self.row_arrays(), self.n_rows, chunk_size)
+        totals = summed_over_ranges(function, [q], self.row_arrays(), self.n_rows, PASS_CHUNK)
         if totals is None:
             totals = [np.zeros(()), np.zeros(d), np.zeros((d, d))]
             for rows in row_chunks(self.n_rows, chunk_size):
