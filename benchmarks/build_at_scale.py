@@ -21,8 +21,12 @@ resident memory (``/proc/self/clear_refs``), and then:
 - the reference: Newton's method on all rows in NumPy (blocks of 65,536 rows, a separate code
   path from the package's search) to a step below 1e-10 sds; its mode and the Laplace sds.
 
+``--shared`` runs each N a second time with ``X`` given as ``pytensor.shared(X, borrow=True)``
+(the same array, not copied): PyTensor then does not hash it as a constant (``np.isnan`` and a
+sum over the whole array, each time PyMC builds a log-density of the model).
+
 Run ``python benchmarks/build_at_scale.py`` (``--rows 1e7 1e8``; about 5 minutes on 2 cores,
-plus writing 9 GB of data once). Writes ``results/build_at_scale.json``.
+plus writing 9 GB of data once; ``--shared`` doubles it). Writes ``results/build_at_scale.json``.
 """
 
 from __future__ import annotations
@@ -109,7 +113,18 @@ def _gradient_pass_seconds(X: np.ndarray, y: np.ndarray, beta: np.ndarray) -> fl
     return time.perf_counter() - start_time
 
 
-def run_child(n_rows: int, directory: Path) -> dict[str, Any]:
+def _shared_model(X: np.ndarray, y: np.ndarray) -> Any:
+    """``common.logistic_model`` with X given as ``pytensor.shared(X, borrow=True)`` (no copy)."""
+    import pymc as pm
+    import pytensor
+
+    with pm.Model() as model:
+        beta = pm.Normal("beta", 0.0, 2.0, shape=X.shape[1])
+        pm.Bernoulli("y", logit_p=pytensor.shared(X, borrow=True, name="X") @ beta, observed=y)
+    return model
+
+
+def run_child(n_rows: int, directory: Path, shared: bool) -> dict[str, Any]:
     import arviz as az
     import pymc as pm
 
@@ -118,7 +133,7 @@ def run_child(n_rows: int, directory: Path) -> dict[str, Any]:
     x_path, y_path = _paths(directory, n_rows)
     X, y = np.load(x_path), np.load(y_path)
     data_bytes = X.nbytes + y.nbytes
-    model = logistic_model(X, y)
+    model = _shared_model(X, y) if shared else logistic_model(X, y)
     mode, laplace_sd = _newton_reference(X, y)
     gradient_pass = _gradient_pass_seconds(X, y, mode)
     base = _rss("VmRSS")
@@ -145,6 +160,7 @@ def run_child(n_rows: int, directory: Path) -> dict[str, Any]:
     rows = idata.sample_stats["n_data"].values
     return {
         "rows": n_rows,
+        "X_given_as": "pytensor.shared(X, borrow=True)" if shared else "a plain array (constant)",
         "data_bytes": data_bytes,
         "setup_seconds": setup,
         "reference_rows": int(step.reference_rows),
@@ -165,19 +181,27 @@ def run_child(n_rows: int, directory: Path) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--child", nargs=2, metavar=("ROWS", "DIR"))
+    parser.add_argument("--child", nargs=3, metavar=("ROWS", "DIR", "SHARED"))
+    parser.add_argument(
+        "--shared",
+        action="store_true",
+        help="also run each N with X given as pytensor.shared(X, borrow=True)",
+    )
     parser.add_argument("--rows", nargs="+", type=float, default=[1e7, 1e8])
     parser.add_argument("--data-dir", type=Path, default=Path("/tmp/pms_build_at_scale"))
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(run_child(int(float(args.child[0])), Path(args.child[1]))))
+        rows, directory, shared = args.child
+        print(json.dumps(run_child(int(float(rows)), Path(directory), shared == "shared")))
         return
     runs = []
     for rows in args.rows:
         write_data(args.data_dir, int(rows))
-        result = child_json(__file__, [str(int(rows)), str(args.data_dir)], dict(os.environ))
-        print(json.dumps(result), file=sys.stderr)
-        runs.append(result)
+        for form in ("constant", "shared") if args.shared else ("constant",):
+            arguments = [str(int(rows)), str(args.data_dir), form]
+            result = child_json(__file__, arguments, dict(os.environ))
+            print(json.dumps(result), file=sys.stderr)
+            runs.append(result)
     write_json(
         "build_at_scale",
         {"features": FEATURES, "step_draws": DRAWS, "cpu_count": os.cpu_count(), "runs": runs},
