@@ -200,3 +200,23 @@ def test_reduction_over_rows_is_found_without_a_full_pass(monkeypatch) -> None:
         beta = pm.Normal("beta", shape=2)
         pm.Normal("y", pt.as_tensor(X) @ beta, 1.0, observed=np.zeros(100))
         pms.AusterityMH()
+
+
+def test_a_shared_variable_keeps_the_users_array(data_files: tuple[Path, Path]) -> None:
+    """``pytensor.shared(X, borrow=True)``, the form docs/data_beyond_ram.md advises at scale.
+
+    The step must read the user's memory map itself, float32, not a copy; a build that copied
+    or upcast the shared variable's value fails here.
+    """
+    import pytensor
+
+    X = np.load(data_files[0], mmap_mode="r")[:50_000]
+    y = np.array(np.load(data_files[1], mmap_mode="r")[:50_000])
+    shared = pytensor.shared(X, borrow=True, name="X")
+    with pm.Model():
+        beta = pm.Normal("beta", 0.0, 2.0, shape=N_COLUMNS)
+        pm.Bernoulli("y", logit_p=shared @ beta, observed=y)
+        step = pms.AusterityMH()
+    (covariates,) = [array for array in step.oracles.row_arrays() if array.ndim == 2]
+    assert covariates.dtype == np.float32
+    assert np.shares_memory(covariates, X)
