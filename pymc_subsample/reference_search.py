@@ -40,7 +40,7 @@ from pymc_subsample.kernels.row_sampler import SparseRowSampler
 from pymc_subsample.laplace_check import LAPLACE_SPREAD, laplace_log_weight_sd, not_gaussian
 from pymc_subsample.model.oracles import ModelOracles, SearchSums
 from pymc_subsample.model.parallel_pass import PARALLEL_ROWS
-from pymc_subsample.model.row_data import Rows, row_chunks
+from pymc_subsample.model.row_data import Rows, row_chunks, row_count
 
 __all__ = ["Optimum", "optimise_reference", "search_tol"]
 
@@ -178,7 +178,7 @@ def _optimise(
             last = None  # the gradient or curvature overflowed here: not a usable point
             nonfinite = error
             break
-        n_used = _row_count(rows, n_rows)
+        n_used = row_count(rows, n_rows)
         batch_sizes.append(n_used)
         # Start the next test at this batch size: the precision needed grows near the mode,
         # and starting smaller lets a chance pass on few rows throw the iterate away again.
@@ -516,7 +516,7 @@ def _line_search(
     each trial reads the rows once. Returns the new point and, when ``rows`` are all the rows
     (a slice), the full-data log posterior there (None otherwise).
     """
-    n_used = _row_count(rows, oracles.n_rows)
+    n_used = row_count(rows, oracles.n_rows)
     scale = oracles.n_rows / n_used
     for _ in range(_MAX_HALVINGS):
         candidate = q + alpha * step
@@ -541,7 +541,7 @@ def _loglik_sum(oracles: ModelOracles, q: np.ndarray, rows: Rows) -> float:
 
     Every row: on every core where the pass is shared (:meth:`ModelOracles.loglik_total`).
     """
-    if isinstance(rows, slice) and _row_count(rows, oracles.n_rows) == oracles.n_rows:
+    if isinstance(rows, slice) and row_count(rows, oracles.n_rows) == oracles.n_rows:
         total = oracles.loglik_total(q)
         if total is not None:
             return total
@@ -550,7 +550,3 @@ def _loglik_sum(oracles: ModelOracles, q: np.ndarray, rows: Rows) -> float:
     else:
         pieces = [rows[begin : begin + _CHUNK] for begin in range(0, rows.size, _CHUNK)]
     return sum(float(oracles.loglik_rows(q, piece).sum()) for piece in pieces)
-
-
-def _row_count(rows: Rows, n_rows: int) -> int:
-    return len(range(*rows.indices(n_rows))) if isinstance(rows, slice) else rows.size

@@ -26,7 +26,7 @@ from pymc_subsample.model.functions import ModelFunctions, initial_q, model_func
 from pymc_subsample.model.identification import warn_if_unidentified
 from pymc_subsample.model.likelihood_space import LikelihoodSpace
 from pymc_subsample.model.parallel_pass import PARALLEL_ROWS, PASS_CHUNK, summed_over_ranges
-from pymc_subsample.model.row_data import DataTracker, Rows, data_value, row_chunks
+from pymc_subsample.model.row_data import DataTracker, Rows, data_value, row_chunks, row_count
 from pymc_subsample.model.rows import RowLayout
 from pymc_subsample.model.self_check import self_check
 
@@ -227,8 +227,6 @@ class ModelOracles:
         ``PARALLEL_ROWS`` rows, data in C order); None otherwise, and the caller reads the
         rows range by range with :meth:`loglik_rows`.
         """
-        if self.n_rows < PARALLEL_ROWS:
-            return None
         total = summed_over_ranges(
             self._functions.loglik_sum, [q], self.row_arrays(), self.n_rows, chunk_size
         )
@@ -418,7 +416,7 @@ class ModelOracles:
             with_hessian
             and self.n_rows >= PARALLEL_ROWS
             and isinstance(idx, slice)
-            and _row_count(idx, self.n_rows) == self.n_rows
+            and row_count(idx, self.n_rows) == self.n_rows
         ):
             return self._full_search_sums(q, chunk_size)
         for rows in pieces:
@@ -623,7 +621,3 @@ def build_oracles(
     if new and not discrete:
         warn_if_unidentified(functions.flat, oracles.score_rows, oracles.n_rows, q0)
     return oracles
-
-
-def _row_count(rows: slice, n_rows: int) -> int:
-    return len(range(*rows.indices(n_rows)))

@@ -16,7 +16,7 @@ from pytensor.graph.basic import Variable
 from pytensor.graph.traversal import ancestors
 from pytensor.tensor.variable import TensorConstant
 
-__all__ = ["DataTracker", "Rows", "data_value", "row_chunks", "shared_data"]
+__all__ = ["DataTracker", "Rows", "data_value", "row_chunks", "row_count", "shared_data"]
 
 #: Rows to read: int64 indices, or a slice for a contiguous range (read in place, no copy).
 Rows = np.ndarray | slice
@@ -25,6 +25,11 @@ Rows = np.ndarray | slice
 def row_chunks(n_rows: int, chunk_size: int) -> Iterator[slice]:
     """Consecutive ranges of at most ``chunk_size`` rows covering rows 0 to ``n_rows - 1``."""
     return (slice(begin, min(begin + chunk_size, n_rows)) for begin in range(0, n_rows, chunk_size))
+
+
+def row_count(rows: Rows, n_rows: int) -> int:
+    """Return how many rows ``rows`` names among ``n_rows`` (a slice's length, or the indices')."""
+    return len(range(*rows.indices(n_rows))) if isinstance(rows, slice) else rows.size
 
 
 def data_value(data: Variable) -> np.ndarray:
