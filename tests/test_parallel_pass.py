@@ -79,17 +79,17 @@ def test_the_pass_stays_serial_where_it_cannot_share(
     oracles = _oracles(_logistic())
     function = oracles._functions.full_sums
     arrays = oracles.row_arrays()
-    assert parallel_pass.summed_over_ranges(function, [q], arrays, N_ROWS, CHUNK, 1) is None
+    assert parallel_pass.summed_over_ranges(function, [q], arrays, N_ROWS, CHUNK, threads=1) is None
     fortran = _oracles(_logistic(order="F"))
     assert not all(array.flags.c_contiguous for array in fortran.row_arrays())
     assert (
         parallel_pass.summed_over_ranges(
-            fortran._functions.full_sums, [q], fortran.row_arrays(), N_ROWS, CHUNK, 2
+            fortran._functions.full_sums, [q], fortran.row_arrays(), N_ROWS, CHUNK, threads=2
         )
         is None
     )
     monkeypatch.setattr(parallel_pass, "PARALLEL_ROWS", 10 * N_ROWS)
-    assert parallel_pass.summed_over_ranges(function, [q], arrays, N_ROWS, CHUNK, 2) is None
+    assert parallel_pass.summed_over_ranges(function, [q], arrays, N_ROWS, CHUNK, threads=2) is None
 
 
 def test_the_search_pass_on_every_row_matches_its_minibatch_form(low_threshold) -> None:

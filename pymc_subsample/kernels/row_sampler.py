@@ -2,8 +2,9 @@
 
 A test draws batches of rows until it can decide; rows must not repeat inside a test, and no
 step may cost O(N) (so no ``rng.permutation(N)`` per step). The sampler keeps one int64 stamp
-per row, allocated once: a row is taken in the current test when its stamp is at least the
-test's starting stamp, so starting a test costs O(1) and nothing is ever cleared.
+per row, allocated once (zeroed lazily by the operating system, so that only the pages of
+rows ever stamped take memory): a row is taken in the current test when its stamp is at
+least the test's starting stamp, so starting a test costs O(1) and nothing is ever cleared.
 
 While fewer than half the rows are taken, a batch is drawn by uniform proposals with rejection
 of taken rows and of repeats (each accepted row is uniform over the rows not yet taken, so the
@@ -21,6 +22,7 @@ draws (the reference search, the Laplace check, SGFS's start), which would other
 
 from __future__ import annotations
 
+import mmap
 from collections.abc import Callable
 
 import numpy as np
@@ -51,16 +53,27 @@ class RowSampler:
         if n_rows < 1:
             raise ValueError(f"n_rows must be at least 1, got {n_rows}.")
         self.n_rows = int(n_rows)
-        self._stamps = np.full(self.n_rows, -1, dtype=np.int64)
+        self._stamps = _lazy_zeros(self.n_rows)
         #: The next stamp, then scratch space of the fused draw (``kernels/fused.py``), which
         #: draws rows the same way on the same stamps: one int64 array, so that stamps and
         #: counter stay together (a copy in a worker process included).
         self.counters = np.zeros(4, dtype=np.int64)
-        self._test_start = 0
+        self.counters[0] = 1
+        self._test_start = 1
         self._n_taken = 0
         self._remaining: np.ndarray | None = None
         #: The test's first batch, returned before its rows were stamped (see start_test).
         self._unstamped: np.ndarray | None = None
+
+    def __getstate__(self) -> dict[str, object]:
+        # A copy (a worker process's) starts with fresh stamps: a test never spans a copy.
+        return {**self.__dict__, "_stamps": None, "_remaining": None, "_unstamped": None}
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        self.__dict__.update(state)
+        self._stamps = _lazy_zeros(self.n_rows)
+        self._test_start = int(self.counters[0])
+        self._n_taken = 0
 
     @property
     def stamps(self) -> np.ndarray:
@@ -239,6 +252,20 @@ class SparseRowSampler:
             return candidates
 
         return _rejection_draw(rng, self.n_rows, size, first, untaken, take, self._n_taken > 0)
+
+
+def _lazy_zeros(n_rows: int) -> np.ndarray:
+    """Zeroed int64 stamps whose memory is taken only by the pages of rows ever stamped.
+
+    A private anonymous map of small pages: the operating system zeroes a page when it is first
+    written, so N rows cost nothing until stamped (a few pages per test that reads past its
+    first batch). ``np.zeros`` would ask for huge pages on Linux (NumPy advises them for
+    large arrays), and a few thousand stamps scattered over N = 1e9 rows then took 7 GB.
+    """
+    buffer = mmap.mmap(-1, max(1, n_rows) * 8, flags=mmap.MAP_PRIVATE)
+    if hasattr(mmap, "MADV_NOHUGEPAGE"):
+        buffer.madvise(mmap.MADV_NOHUGEPAGE)
+    return np.frombuffer(buffer, dtype=np.int64, count=n_rows)
 
 
 def _rejection_draw(

@@ -25,6 +25,7 @@ from pymc_subsample.model.compiled import LazyFunction, NumbaKernel, collection_
 from pymc_subsample.model.functions import ModelFunctions, initial_q, model_functions
 from pymc_subsample.model.identification import warn_if_unidentified
 from pymc_subsample.model.likelihood_space import LikelihoodSpace
+from pymc_subsample.model.mapped_pages import MappedRows
 from pymc_subsample.model.parallel_pass import PARALLEL_ROWS, PASS_CHUNK, summed_over_ranges
 from pymc_subsample.model.row_data import DataTracker, Rows, data_value, row_chunks, row_count
 from pymc_subsample.model.rows import RowLayout
@@ -147,6 +148,11 @@ class ModelOracles:
         """Number of rows N on the row axis, for the data as of the last :meth:`refresh_data`."""
         return self._tracker.n_rows
 
+    @property
+    def pages(self) -> MappedRows:
+        """The memory maps under the row data, released as rows are read (``mapped_pages.py``)."""
+        return self._tracker.pages
+
     def refresh_data(self) -> bool:
         """Re-read the model's data after ``pm.set_data``; whether anything changed.
 
@@ -228,7 +234,7 @@ class ModelOracles:
         rows range by range with :meth:`loglik_rows`.
         """
         total = summed_over_ranges(
-            self._functions.loglik_sum, [q], self.row_arrays(), self.n_rows, chunk_size
+            self._functions.loglik_sum, [q], self.row_arrays(), self.n_rows, chunk_size, self.pages
         )
         return None if total is None else float(total[0])
 
@@ -371,7 +377,9 @@ class ModelOracles:
             )
             return totals.gradient, cast(np.ndarray, totals.hessian)
         if idx is None:
-            shared = summed_over_ranges(sums_fn, [q], self.row_arrays(), self.n_rows, PASS_CHUNK)
+            shared = summed_over_ranges(
+                sums_fn, [q], self.row_arrays(), self.n_rows, PASS_CHUNK, self.pages
+            )
             if shared is not None:
                 return shared[0], shared[1]
         for rows in chunks:
@@ -440,7 +448,9 @@ class ModelOracles:
         """
         function = self._functions.full_sums
         d = self.n_params
-        totals = summed_over_ranges(function, [q], self.row_arrays(), self.n_rows, PASS_CHUNK)
+        totals = summed_over_ranges(
+            function, [q], self.row_arrays(), self.n_rows, PASS_CHUNK, self.pages
+        )
         if totals is None:
             totals = [np.zeros(()), np.zeros(d), np.zeros((d, d))]
             for rows in row_chunks(self.n_rows, chunk_size):
@@ -497,6 +507,10 @@ class ModelOracles:
 
     def _gather(self, idx: Rows) -> list[np.ndarray]:
         arrays = [data_value(data) for data in self._functions.row_data]
+        if self._data is not None:
+            self._data.pages.rows_read(
+                row_count(idx, self.n_rows), contiguous=isinstance(idx, slice)
+            )
         if isinstance(idx, slice):
             # A range of rows of a C-ordered array is a C-ordered view: no copy.
             return [

@@ -19,12 +19,13 @@ import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import cache
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from threadpoolctl import threadpool_limits
 
 from pymc_subsample.model.compiled import LazyFunction, NumbaKernel
+from pymc_subsample.model.mapped_pages import MappedRows
 
 __all__ = ["PARALLEL_ROWS", "PASS_CHUNK", "pass_threads", "summed_over_ranges"]
 
@@ -66,6 +67,7 @@ def summed_over_ranges(
     arrays: Sequence[np.ndarray],
     n_rows: int,
     chunk_size: int,
+    pages: MappedRows | None = None,
     threads: int | None = None,
 ) -> list[np.ndarray] | None:
     """Sum ``function(*leading, *ranges)`` over every range of ``chunk_size`` rows, threaded.
@@ -82,6 +84,10 @@ def summed_over_ranges(
         Rows in each array.
     chunk_size : int
         Rows per range.
+    pages : MappedRows, optional
+        The memory maps under ``arrays`` (``mapped_pages.py``). Where there are any, the pass
+        streams: it reads the maps block by block, each block read ahead and dropped from
+        the process once summed, so its resident memory stays near one block whatever N is.
     threads : int, optional
         Threads to share the ranges among; defaults to :func:`pass_threads`.
 
@@ -89,11 +95,12 @@ def summed_over_ranges(
     -------
     list of ndarray or None
         The summed outputs; None where the pass is not shared (below ``PARALLEL_ROWS``
-        rows, one thread, a data array that is not C-ordered, or a function PyTensor's Numba
-        backend cannot compile): the caller then sums range by range itself.
+        rows, one thread and no memory map, a data array that is not C-ordered, or a function
+        PyTensor's Numba backend cannot compile): the caller then sums range by range itself.
     """
     threads = pass_threads() if threads is None else threads
-    if n_rows < PARALLEL_ROWS or threads < 2:
+    streamed = pages is not None and bool(pages)
+    if n_rows < PARALLEL_ROWS or (threads < 2 and not streamed):
         return None
     if not all(array.flags.c_contiguous for array in arrays):
         return None
@@ -107,18 +114,29 @@ def summed_over_ranges(
     first = [np.asarray(output) for output in function(*leading, *[a[: stops[0]] for a in arrays])]
     driver = _driver(kernel, len(leading), len(arrays), len(first))
     implicit = kernel.implicit_values()
-    shares = np.array_split(np.arange(1, starts.size), threads)
+    totals = [[np.zeros(output.size) for output in first] for _ in range(threads)]
 
-    def run(share: np.ndarray) -> list[np.ndarray]:
-        totals = [np.zeros(output.size) for output in first]
-        if share.size:
-            driver(*leading, starts[share], stops[share], *totals, *arrays, *implicit)
-        return totals
+    def run(thread: int, ranges: np.ndarray) -> None:
+        if ranges.size:
+            driver(*leading, starts[ranges], stops[ranges], *totals[thread], *arrays, *implicit)
 
+    # Blocks of ranges: all of them at once in RAM; STREAM_BLOCK_BYTES of a map's rows each.
+    per_block = starts.size
+    if streamed:
+        per_block = max(1, cast(MappedRows, pages).block_rows(n_rows) // chunk_size)
     with threadpool_limits(limits=1, user_api="blas"), ThreadPoolExecutor(threads) as pool:
-        parts = list(pool.map(run, shares))
+        for begin in range(1, starts.size, per_block):
+            end = min(begin + per_block, starts.size)
+            if streamed:
+                cast(MappedRows, pages).read_ahead(
+                    int(starts[begin]), int(stops[min(end + per_block, starts.size) - 1])
+                )
+            shares = np.array_split(np.arange(begin, end), threads)
+            list(pool.map(run, range(threads), shares))
+            if streamed:
+                cast(MappedRows, pages).release(int(starts[begin]), int(stops[end - 1]))
     return [
-        output + np.sum([part[k] for part in parts], axis=0).reshape(output.shape)
+        output + np.sum([part[k] for part in totals], axis=0).reshape(output.shape)
         for k, output in enumerate(first)
     ]
 

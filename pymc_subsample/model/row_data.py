@@ -16,6 +16,8 @@ from pytensor.graph.basic import Variable
 from pytensor.graph.traversal import ancestors
 from pytensor.tensor.variable import TensorConstant
 
+from pymc_subsample.model.mapped_pages import MappedRows, mapped_rows
+
 __all__ = ["DataTracker", "Rows", "data_value", "row_chunks", "row_count", "shared_data"]
 
 #: Rows to read: int64 indices, or a slice for a contiguous range (read in place, no copy).
@@ -55,6 +57,18 @@ class DataTracker:
         self.data = data
         self.n_rows = self._row_count()
         self._seen = self.fingerprint()
+        self._pages: MappedRows | None = None
+
+    def __getstate__(self) -> dict[str, object]:
+        # The maps' handles stay in this process; a copy finds its own maps when it reads.
+        return {**self.__dict__, "_pages": None}
+
+    @property
+    def pages(self) -> MappedRows:
+        """The memory maps under the row data, advised as rows are read (``mapped_pages.py``)."""
+        if self._pages is None:
+            self._pages = mapped_rows([data_value(data) for data in self.row_data])
+        return self._pages
 
     def refresh(self) -> bool:
         """Re-read the row count if any data array was replaced; whether one was."""
@@ -63,6 +77,7 @@ class DataTracker:
             return False
         self.n_rows = self._row_count()
         self._seen = seen
+        self._pages = None
         return True
 
     def fingerprint(self) -> tuple[tuple[int, tuple[int, ...]], ...]:

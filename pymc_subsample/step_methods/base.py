@@ -398,6 +398,8 @@ class SubsampleMH(SubsampleStepBase, ControlVariateChoice):
         if fused_draw is not None:
             q, stats = fused_draw.draw(q_old, scaling)
             distance_sq = stats.pop("distance_sq")
+            # The Python path's reads are counted where it gathers them (model/oracles.py).
+            self.oracles.pages.rows_read(stats["n_data"])
         else:
             q, stats = self._python_draw(q_old)
             distance_sq = None

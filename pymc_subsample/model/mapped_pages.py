@@ -1,0 +1,193 @@
+"""Pages of memory-mapped row data: read ahead, released once read.
+
+A NumPy memory map (``np.load(path, mmap_mode="r")``) keeps every page it has read mapped in
+the process, so a pass over data larger than RAM would count them all in the process's
+resident memory until the kernel evicts them under pressure. The row data's maps are found
+here (an array, or a view of one, whose base is a read-only or shared ``np.memmap``) and
+advised with ``madvise(2)``:
+
+- a pass over every row asks the kernel to read the next block ahead (``MADV_WILLNEED``) and
+  drops the block it has summed from the process (``MADV_DONTNEED``; the pages stay in the
+  page cache, so a second pass over data that fit in RAM reads them from there);
+- gathers of scattered rows (the minibatches of the set-up and of every draw) are advised as
+  random reads (``MADV_RANDOM``: the disk reads no neighbouring pages), and every page of the
+  maps is dropped once the process's resident file pages grew by ``RELEASE_BYTES``. A read
+  of one scattered row maps more than its page: the cached pages around it, up to a large
+  folio of the page cache.
+
+Dropping a page of a shared or read-only file mapping loses nothing: the next read maps it
+again from the page cache or the file. A private (copy-on-write, ``mmap_mode="c"``) map is
+never advised, since dropping its pages would drop the user's writes. ``docs/architecture.md``,
+"Full-data passes", and ``docs/data_beyond_ram.md``.
+"""
+
+from __future__ import annotations
+
+import mmap
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["FAULT_AROUND_BYTES", "RELEASE_BYTES", "STREAM_BLOCK_BYTES", "MappedRows", "mapped_rows"]
+
+#: Bytes of row data per block of a streamed pass: large enough that the threads share a
+#: block's ranges evenly and the disk reads ahead in long runs, small beside the memory a
+#: pass may hold.
+STREAM_BLOCK_BYTES = 1 << 27
+
+#: Growth of the process's resident file pages after which every page of the maps is
+#: dropped.
+RELEASE_BYTES = 1 << 29
+
+#: What one read of a scattered row may map, where the process's resident pages cannot be
+#: read: Linux maps the cached pages around a faulting page with it ("fault-around", 64 KiB
+#: by default) whatever the map's advice, or the whole large folio of the page cache that
+#: holds it (measured on Linux 6.18: 54-64 KiB per row on one file, 220 KiB on another).
+FAULT_AROUND_BYTES = 1 << 16
+
+#: How far from a faulting page the pages mapped with it may lie: one page table (2 MiB with
+#: 4 KiB pages on x86-64 and arm64).
+TABLE_REACH = 1 << 21
+
+_PAGE = mmap.PAGESIZE
+_SHARED_MODES = ("r", "r+", "w+", "readonly", "readwrite", "write")
+
+
+@dataclass(frozen=True)
+class _Map:
+    """One memory map under a row-data array: the map and where the array starts in it."""
+
+    handle: mmap.mmap
+    length: int
+    first_byte: int  # the array's first row, from the map's start
+    row_bytes: int  # bytes from one row to the next
+
+
+class MappedRows:
+    """The memory maps under a model's row-data arrays, advised as they are read.
+
+    Parameters
+    ----------
+    maps : sequence of _Map
+        One per mapped array (arrays in RAM have none).
+    """
+
+    def __init__(self, maps: Sequence[_Map]) -> None:
+        self._maps = tuple(maps)
+        self._bytes_since_release = 0
+        self._row_bytes = sum(item.row_bytes for item in self._maps)
+        self._scattered_row_bytes = sum(
+            max(FAULT_AROUND_BYTES, item.row_bytes) for item in self._maps
+        )
+        self._advise_all(mmap.MADV_RANDOM)
+        self._resident_after_release = _resident_file_bytes() or 0
+
+    def __bool__(self) -> bool:
+        return bool(self._maps)
+
+    def block_rows(self, n_rows: int) -> int:
+        """Rows per block of a streamed pass: ``STREAM_BLOCK_BYTES`` of the maps' rows."""
+        return max(1, min(n_rows, STREAM_BLOCK_BYTES // max(self._row_bytes, 1)))
+
+    def read_ahead(self, start: int, stop: int) -> None:
+        """Ask the kernel to start reading rows ``start:stop`` of every map."""
+        self._advise_rows(mmap.MADV_WILLNEED, start, stop)
+
+    def release(self, start: int, stop: int) -> None:
+        """Drop rows ``start:stop`` of every map from the process (they stay in the cache).
+
+        With them goes ``TABLE_REACH`` before ``start``: reading a range's first rows maps
+        cached pages around them (a large folio of the page cache, or the fault-around
+        window), which reach back into the range released before it, but never beyond the
+        page table of the faulting page.
+        """
+        self._advise_rows(mmap.MADV_DONTNEED, start, stop, margin=TABLE_REACH)
+
+    def rows_read(self, count: int, *, contiguous: bool = False) -> None:
+        """Note ``count`` rows read (a range if ``contiguous``, else scattered rows).
+
+        Every page of the maps is dropped once the process's file pages grew by
+        ``RELEASE_BYTES`` since the last release (``/proc/self/statm``: a read of a few
+        microseconds). Where that is not available, the growth is estimated:
+        ``FAULT_AROUND_BYTES`` per scattered row, the rows' bytes for a range.
+        """
+        if not self._maps:
+            return
+        resident = _resident_file_bytes()
+        if resident is None:
+            self._bytes_since_release += count * (
+                self._row_bytes if contiguous else self._scattered_row_bytes
+            )
+            grown = self._bytes_since_release
+        else:
+            grown = resident - self._resident_after_release
+        if grown >= RELEASE_BYTES:
+            self.release_all()
+
+    def release_all(self) -> None:
+        """Drop every page of the maps from the process."""
+        self._advise_all(mmap.MADV_DONTNEED)
+        self._bytes_since_release = 0
+        self._resident_after_release = _resident_file_bytes() or 0
+
+    def _advise_all(self, advice: int) -> None:
+        for item in self._maps:
+            item.handle.madvise(advice, 0, item.length)
+
+    def _advise_rows(self, advice: int, start: int, stop: int, margin: int = 0) -> None:
+        for item in self._maps:
+            # Whole pages covering the rows, clipped to the map (madvise wants page-aligned
+            # starts; a neighbouring row's page is advised with them, harmlessly).
+            begin = max(0, item.first_byte + start * item.row_bytes - margin)
+            end = item.first_byte + stop * item.row_bytes
+            begin -= begin % _PAGE
+            end = min(item.length, end + (-end) % _PAGE)
+            if end > begin:
+                item.handle.madvise(advice, begin, end - begin)
+
+
+def mapped_rows(arrays: Sequence[np.ndarray]) -> MappedRows:
+    """Find the shared or read-only memory maps under ``arrays`` (row-aligned data).
+
+    An array is mapped when it, or an array it is a view of, is an ``np.memmap`` whose mode
+    shares the file (``"r"``, ``"r+"``, ``"w+"``) and it reads its rows forward in memory.
+    """
+    found = []
+    for array in arrays:
+        item = _map_under(array)
+        if item is not None:
+            found.append(item)
+    return MappedRows(found)
+
+
+def _map_under(array: np.ndarray) -> _Map | None:
+    if array.ndim == 0 or array.shape[0] < 2 or array.strides[0] <= 0:
+        return None
+    base: object = array
+    while isinstance(base, np.ndarray):
+        handle = getattr(base, "_mmap", None)
+        if isinstance(base, np.memmap) and isinstance(handle, mmap.mmap):
+            if getattr(base, "mode", None) not in _SHARED_MODES:
+                return None
+            first_byte = array.__array_interface__["data"][0] - _address(handle)
+            if not 0 <= first_byte < len(handle):
+                return None
+            return _Map(handle, len(handle), first_byte, array.strides[0])
+        base = base.base
+    return None
+
+
+def _resident_file_bytes() -> int | None:
+    """Return the resident file and shared pages of the process in bytes (Linux), else None."""
+    try:
+        with open("/proc/self/statm", "rb") as statm:
+            return int(statm.read().split()[2]) * _PAGE
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _address(handle: mmap.mmap) -> int:
+    """Return the address of a map's first byte."""
+    view = np.frombuffer(handle, dtype=np.uint8, count=1)
+    return int(view.__array_interface__["data"][0])
