@@ -202,6 +202,7 @@ def find_reference_point(
     result = optimise_reference(
         oracles, oracles.initial_q, rng=get_random_generator(random_seed), **settings._asdict()
     )
+    oracles.ensure_rows_finite()  # where the search made no pass over every row
     if result.failure is not None:
         funnel = funnel_explanation(model, value_vars)
         if funnel:

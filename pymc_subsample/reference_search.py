@@ -51,6 +51,8 @@ _MAX_HALVINGS = 40
 _CHUNK = 8192
 #: From ``PARALLEL_ROWS`` rows, the largest minibatch before the search reads every row.
 _LARGEST_BATCH = 1 << 20
+#: The same for memory-mapped rows, whose scattered reads may each wait on the disk.
+_LARGEST_MAPPED_BATCH = 1 << 16
 #: Smallest over largest eigenvalue of the negative Hessian in correlation form (units removed,
 #: ``newton_curvature``) below which it counts as singular: rounding leaves about 1e-15 on
 #: exactly flat directions, and a well-identified but ill-conditioned posterior stays well above
@@ -182,7 +184,8 @@ def _optimise(
         batch_sizes.append(n_used)
         # Start the next test at this batch size: the precision needed grows near the mode,
         # and starting smaller lets a chance pass on few rows throw the iterate away again.
-        size = n_rows if _all_rows_pay(max(size, n_used), n_rows) else max(size, n_used)
+        mapped = bool(oracles.pages)
+        size = n_rows if _all_rows_pay(max(size, n_used), n_rows, mapped) else max(size, n_used)
         decrement = test.newton_decrement_sq
         last = curvature if n_used == n_rows else None
         if n_used == n_rows:
@@ -414,7 +417,7 @@ def _tested_update(
             used: Rows = slice(0, n_rows) if not chunks else np.concatenate(chunks)
             return used, test, curvature, sums
         # Double the batch, or take all rows once they pay.
-        size = n_rows - n_used if _all_rows_pay(n_used, n_rows) else n_used
+        size = n_rows - n_used if _all_rows_pay(n_used, n_rows, bool(oracles.pages)) else n_used
 
 
 class _NonFiniteDerivatives(FloatingPointError):
@@ -480,7 +483,7 @@ def _quadratic_decrement(d: int, n_rows: int) -> float:
     return float(d) if n_rows < PARALLEL_ROWS else max(float(d), float(np.sqrt(n_rows)))
 
 
-def _all_rows_pay(n_used: int, n_rows: int) -> bool:
+def _all_rows_pay(n_used: int, n_rows: int, mapped: bool = False) -> bool:
     """Whether a batch that needs ``n_used`` rows or more should use all of them.
 
     From a quarter of the rows on, Newton on all of them costs at most 4x as much, converges
@@ -494,10 +497,15 @@ def _all_rows_pay(n_used: int, n_rows: int) -> bool:
     minibatch iterations up to N / 16 rows took 20 s (sampled, gathered, scored, and read again
     by each halving of the line search), where from their ``_LARGEST_BATCH`` rows' point, a
     few sds from the mode, Newton on all rows converges in two or three passes of 4-5 s.
+    On memory-mapped rows (``mapped``, ``model/mapped_pages.py``) a drawn row not in the page
+    cache is a read from the disk (50 us on this project's machine), where a streamed pass
+    reads a row in 60-80 ns: minibatches stop at ``_LARGEST_MAPPED_BATCH`` rows. At N = 1e9
+    the minibatch iterations up to ``_LARGEST_BATCH`` rows took over 3 minutes.
     """
     if n_rows < PARALLEL_ROWS:
         return 4 * n_used >= n_rows
-    return 16 * n_used >= n_rows or n_used >= _LARGEST_BATCH
+    largest = _LARGEST_MAPPED_BATCH if mapped else _LARGEST_BATCH
+    return 16 * n_used >= n_rows or n_used >= largest
 
 
 def _line_search(

@@ -134,6 +134,49 @@ def test_the_threaded_finiteness_check_still_names_the_bad_rows(low_threshold) -
             pms.AusterityMH()
 
 
+@pytest.mark.parametrize("control_variate", ["taylor2", None])
+def test_a_bad_row_is_named_before_sampling_when_the_check_waits_for_a_pass(
+    low_threshold, control_variate: str | None
+) -> None:
+    """On large data the start's check waits for a pass over every row; it still comes.
+
+    With a control variate the search's first pass over every row is not finite and lists
+    the rows; without one no such pass is made and the built step checks them itself.
+    """
+    import pytensor.tensor as pt
+
+    import pymc_subsample as pms
+
+    y = np.zeros(5_000)
+    y[[11, 2_222]] = np.inf
+    with pm.Model():
+        mu = pm.Normal("mu")
+        pm.Normal("y", mu, 1.0, observed=pt.as_tensor(y))
+        with pytest.raises(ValueError, match=r"initial point for rows \[11, 2222\] \(2 rows"):
+            pms.AusterityMH(control_variate=control_variate)
+
+
+def test_the_search_pass_checks_the_rows_without_a_pass_of_its_own(
+    low_threshold, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The start's finiteness pass is saved where the search reads every row anyway."""
+    import pymc_subsample as pms
+
+    checks: list[int] = []
+    check = oracles_module.check_rows_finite
+    monkeypatch.setattr(
+        oracles_module, "check_rows_finite", lambda *args: checks.append(1) or check(*args)
+    )
+    with _logistic():
+        step = pms.AusterityMH()
+    assert step.reference_rows >= N_ROWS  # the search read every row
+    assert step.oracles._tracker.finite_pending is None
+    assert checks == []
+    with _logistic():
+        pms.AusterityMH(control_variate=None)
+    assert checks == [1]  # no search, no pass: the step checked
+
+
 def test_the_threaded_loglik_total_is_the_rows_sum(low_threshold) -> None:
     oracles = _oracles(_logistic())
     q = np.linspace(-0.5, 0.5, N_FEATURES)

@@ -25,11 +25,11 @@ from pymc_subsample.model.compiled import LazyFunction, NumbaKernel, collection_
 from pymc_subsample.model.functions import ModelFunctions, initial_q, model_functions
 from pymc_subsample.model.identification import warn_if_unidentified
 from pymc_subsample.model.likelihood_space import LikelihoodSpace
-from pymc_subsample.model.mapped_pages import MappedRows
+from pymc_subsample.model.mapped_pages import MappedRows, gather_from_maps
 from pymc_subsample.model.parallel_pass import PARALLEL_ROWS, PASS_CHUNK, summed_over_ranges
 from pymc_subsample.model.row_data import DataTracker, Rows, data_value, row_chunks, row_count
 from pymc_subsample.model.rows import RowLayout
-from pymc_subsample.model.self_check import self_check
+from pymc_subsample.model.self_check import check_rows_finite, self_check
 
 __all__ = [
     "ModelOracles",
@@ -236,7 +236,40 @@ class ModelOracles:
         total = summed_over_ranges(
             self._functions.loglik_sum, [q], self.row_arrays(), self.n_rows, chunk_size, self.pages
         )
-        return None if total is None else float(total[0])
+        if total is None:
+            return None
+        self._after_full_pass(float(total[0]))
+        return float(total[0])
+
+    def ensure_rows_finite(self) -> None:
+        """Check, if not done yet, that every row's log-likelihood is finite at the start.
+
+        On data from ``PARALLEL_ROWS`` rows, :func:`build_oracles` leaves this check to the
+        first pass over every row (a finite sum says every row is finite), which the
+        reference search makes anyway; steps call this once built, so that a step that made
+        no such pass still checks before sampling. Raises the self-check's ``ValueError``
+        naming the rows.
+        """
+        tracker = self._data
+        if tracker is None or tracker.finite_pending is None:
+            return
+        q0, tracker.finite_pending = tracker.finite_pending, None
+        check_rows_finite(self, q0)
+
+    def _after_full_pass(self, total: float) -> None:
+        """Clear the pending check after a pass over every row gave a finite ``total``, else run it.
+
+        Every row's value at some point is finite when their sum is, which is what the check
+        at the start is for (NaN or impossible data; ``self_check.py``); a non-finite sum
+        lists the rows at the start point now, before a search reports a failed pass.
+        """
+        tracker = self._data
+        if tracker is None or tracker.finite_pending is None:
+            return
+        if np.isfinite(total):
+            tracker.finite_pending = None
+        else:
+            self.ensure_rows_finite()
 
     def loglik_ratio_rows(
         self, q_new: np.ndarray, q_old: np.ndarray, idx: np.ndarray
@@ -381,6 +414,7 @@ class ModelOracles:
                 sums_fn, [q], self.row_arrays(), self.n_rows, PASS_CHUNK, self.pages
             )
             if shared is not None:
+                self._after_full_pass(float(np.sum(shared[0])))
                 return shared[0], shared[1]
         for rows in chunks:
             chunk_gradient, chunk_hessian = sums_fn(q, *self._gather(rows))
@@ -457,6 +491,7 @@ class ModelOracles:
                 for total, output in zip(totals, function(q, *self._gather(rows)), strict=True):
                     total += output
         loglik, gradient, hessian = totals
+        self._after_full_pass(float(loglik))
         return SearchSums(float(loglik), gradient, np.zeros((d, d)), hessian)
 
     def log_prior_hessian(self, q: np.ndarray) -> np.ndarray:
@@ -507,10 +542,11 @@ class ModelOracles:
 
     def _gather(self, idx: Rows) -> list[np.ndarray]:
         arrays = [data_value(data) for data in self._functions.row_data]
-        if self._data is not None:
-            self._data.pages.rows_read(
-                row_count(idx, self.n_rows), contiguous=isinstance(idx, slice)
-            )
+        pages = self._data.pages if self._data is not None else None
+        if pages and not isinstance(idx, slice):
+            return gather_from_maps(arrays, idx, pages)
+        if pages:
+            pages.rows_read(row_count(idx, self.n_rows), contiguous=True)
         if isinstance(idx, slice):
             # A range of rows of a C-ordered array is a C-ordered view: no copy.
             return [
@@ -631,7 +667,12 @@ def build_oracles(
             for v in vars
         ]
     )
-    self_check(oracles, functions.full_rows, q0, continuous)
+    # From PARALLEL_ROWS rows, the start's finiteness check (a pass over every row) waits for
+    # the first such pass the step makes anyway (ModelOracles.ensure_rows_finite).
+    deferred = oracles.n_rows >= PARALLEL_ROWS
+    self_check(oracles, functions.full_rows, q0, continuous, check_finite=not deferred)
+    if deferred:
+        oracles._tracker.finite_pending = q0
     if new and not discrete:
         warn_if_unidentified(functions.flat, oracles.score_rows, oracles.n_rows, q0)
     return oracles

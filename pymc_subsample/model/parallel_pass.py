@@ -18,6 +18,7 @@ import hashlib
 import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
 from functools import cache
 from typing import Any, cast
 
@@ -124,7 +125,12 @@ def summed_over_ranges(
     per_block = starts.size
     if streamed:
         per_block = max(1, cast(MappedRows, pages).block_rows(n_rows) // chunk_size)
-    with threadpool_limits(limits=1, user_api="blas"), ThreadPoolExecutor(threads) as pool:
+    advice = cast(MappedRows, pages).streaming() if streamed else nullcontext()
+    with (
+        threadpool_limits(limits=1, user_api="blas"),
+        ThreadPoolExecutor(threads) as pool,
+        advice,
+    ):
         for begin in range(1, starts.size, per_block):
             end = min(begin + per_block, starts.size)
             if streamed:

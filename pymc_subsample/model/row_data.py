@@ -58,6 +58,9 @@ class DataTracker:
         self.n_rows = self._row_count()
         self._seen = self.fingerprint()
         self._pages: MappedRows | None = None
+        #: The initial point at which every row's log-likelihood is still to be checked
+        #: finite (``ModelOracles.ensure_rows_finite``), or None once it was.
+        self.finite_pending: np.ndarray | None = None
 
     def __getstate__(self) -> dict[str, object]:
         # The maps' handles stay in this process; a copy finds its own maps when it reads.

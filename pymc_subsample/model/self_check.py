@@ -15,7 +15,7 @@ from pymc_subsample.model.compiled import LazyFunction
 from pymc_subsample.model.row_data import Rows, row_chunks
 from pymc_subsample.model.rows import RowLayout
 
-__all__ = ["CheckedOracles", "self_check"]
+__all__ = ["CheckedOracles", "check_rows_finite", "self_check"]
 
 #: Fixed seed of the construction-time self-check (deterministic, not a statistical test).
 _SELF_CHECK_SEED = 20140614
@@ -57,7 +57,11 @@ class CheckedOracles(Protocol):
 
 
 def self_check(
-    oracles: CheckedOracles, full_fn: LazyFunction, q0: np.ndarray, continuous: np.ndarray
+    oracles: CheckedOracles,
+    full_fn: LazyFunction,
+    q0: np.ndarray,
+    continuous: np.ndarray,
+    check_finite: bool = True,
 ) -> None:
     """Check the per-row function against the full model on a few rows, at a jittered point.
 
@@ -72,9 +76,11 @@ def self_check(
     axis does (or fails). One point suffices, jittered away from ``q0``, where a value such as
     0 could hide a reduction over rows (``X - X.mean(0)`` times a zero coefficient). At ``q0``
     itself every row must have a finite log-likelihood: checked range by range with the
-    compiled per-row function (no copy of the data). Only the ``continuous`` entries of ``q0``
-    are jittered: a discrete value moved off its support is cast at different places by the
-    two functions.
+    compiled per-row function (no copy of the data); with ``check_finite`` False that is left
+    to :func:`check_rows_finite`, called later (``docs/architecture.md``, "Full-data
+    passes": the first pass over every row checks it for free). Only the ``continuous``
+    entries of ``q0`` are jittered: a discrete value moved off its support is cast at
+    different places by the two functions.
     """
     n_rows = oracles.n_rows
     check_rng = np.random.default_rng(_SELF_CHECK_SEED)
@@ -88,7 +94,7 @@ def self_check(
             full = full_fn(jittered)[rows]
         else:
             full = _among_other_rows(oracles, jittered, rows, check_rng)
-        bad = _nonfinite_rows(oracles, q0)
+        bad = _nonfinite_rows(oracles, q0) if check_finite else np.empty(0, dtype=np.int64)
     except Exception as error:
         raise ValueError(
             f"The likelihood of {names} could not be evaluated on a subset of rows "
@@ -110,6 +116,12 @@ def self_check(
             f"array of length N={n_rows} is not row-aligned, name the row dim via obs_dim."
         )
     _check_initial_finite(bad, oracles.log_prior(q0), names)
+
+
+def check_rows_finite(oracles: CheckedOracles, q0: np.ndarray) -> None:
+    """Raise a ``ValueError`` naming the rows whose log-likelihood is not finite at ``q0``."""
+    names = [str(rv.name) for rv in oracles.layout.row_rvs]
+    _check_initial_finite(_nonfinite_rows(oracles, q0), oracles.log_prior(q0), names)
 
 
 def _among_other_rows(

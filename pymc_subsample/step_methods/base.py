@@ -233,6 +233,8 @@ class SubsampleMH(SubsampleStepBase, ControlVariateChoice):
         self.accepted_since_tune = 0
         self._fused: FusedDraw | None = None
         self._seed_fused = True
+        # Where no pass over every row checked the rows at the start, one does now.
+        self.oracles.ensure_rows_finite()
         #: "fused" where each draw is one compiled call, else "python: " and why.
         self.draw_path = self._choose_draw_path(fused)
         if batch_size is not None and self.batch_size >= self.oracles.n_rows:

@@ -136,6 +136,7 @@ class AusterityGibbs(SubsampleStepBase):
         )
         self.row_sampler = RowSampler(self.oracles.n_rows)
         self.tune = True
+        self.oracles.ensure_rows_finite()  # no pass over every row checked the start
 
     def _rebuild_for_data(self) -> None:
         self.row_sampler = RowSampler(self.oracles.n_rows)

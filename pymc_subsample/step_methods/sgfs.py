@@ -324,6 +324,8 @@ class SGFS(SubsampleStepBase):
         # while they stay the same (after tuning, at a fixed step size). Every update and
         # every state restore makes a new array, so identity is a safe key.
         self._factors: tuple[np.ndarray, np.ndarray | None, float, SGFSFactors] | None = None
+        # Where no pass over every row checked the rows at the start, one does now.
+        self.oracles.ensure_rows_finite()
 
     def _find_reference(self) -> ReferenceFisher | None:
         """Find the reference point and the Fisher information there; None (and why) if not."""

@@ -107,6 +107,7 @@ class SubsampleStepBase(ArrayStepShared):
     def setup_chain(self, rng: RandomGenerator, tune: int, draws: int) -> None:
         """Use the chain's random generator and the model's current data (PyMC 6 hook)."""
         relay_if_worker(self._home_pid)
+        self.oracles.ensure_rows_finite()  # O(1) once checked (``ModelOracles``)
         self.rng = get_random_generator(rng, copy=False)
         self._chain_draws = draws
         self._sync_data()
@@ -115,6 +116,7 @@ class SubsampleStepBase(ArrayStepShared):
     def set_rng(self, rng: RandomGenerator) -> None:
         """Use the chain's random generator and the model's current data (PyMC 5 hook)."""
         relay_if_worker(self._home_pid)
+        self.oracles.ensure_rows_finite()  # O(1) once checked (``ModelOracles``)
         self.rng = get_random_generator(rng, copy=False)
         self._sync_data()
         # PyMC 5 does not say whether the chain tunes; its loops call stop_tuning() at draw
