@@ -75,6 +75,7 @@ def low_thresholds(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setattr(module, "PARALLEL_ROWS", 1_000)
     monkeypatch.setattr(mapped_pages, "STREAM_BLOCK_BYTES", 1 << 16)
     monkeypatch.setattr(mapped_pages, "RELEASE_BYTES", 1 << 19)
+    monkeypatch.setattr(mapped_pages, "RESIDENT_SHARE", 0.0)  # as if beyond RAM
 
 
 def test_the_maps_under_views_and_shared_values_are_found(tmp_path: Path) -> None:
@@ -120,6 +121,7 @@ def test_scattered_reads_release_the_maps(tmp_path: Path, monkeypatch: pytest.Mo
     without releases 200 reads map most of the file.
     """
     monkeypatch.setattr(mapped_pages, "RELEASE_BYTES", 1 << 20)
+    monkeypatch.setattr(mapped_pages, "RESIDENT_SHARE", 0.0)  # as if beyond RAM
     rng = np.random.default_rng(0)
     n_rows = 1_000_000
     np.save(tmp_path / "X.npy", rng.normal(size=(n_rows, N_FEATURES)).astype("float32"))
@@ -153,6 +155,16 @@ def test_sampling_from_a_map_draws_what_sampling_in_ram_draws(
         draws.append(idata.posterior["beta"].values)
     np.testing.assert_allclose(draws[0], draws[1], atol=1e-8)
     assert _resident_kib(x_path) <= x_path.stat().st_size // 1024 // 2
+
+
+def test_maps_that_fit_in_memory_keep_the_pages_reads_map(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Below ``RESIDENT_SHARE`` of RAM scattered reads are never released; beyond, they are."""
+    x_path, _ = _write(tmp_path)
+    assert mapped_rows([np.load(x_path, mmap_mode="r")]).keeps_read_pages
+    monkeypatch.setattr(mapped_pages, "RESIDENT_SHARE", 1e-12)
+    assert not mapped_rows([np.load(x_path, mmap_mode="r")]).keeps_read_pages
 
 
 def test_the_row_sampler_takes_memory_only_for_the_rows_it_stamps() -> None:
