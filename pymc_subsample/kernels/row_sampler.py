@@ -262,6 +262,8 @@ def _lazy_zeros(n_rows: int) -> np.ndarray:
     first batch). ``np.zeros`` would ask for huge pages on Linux (NumPy advises them for
     large arrays), and a few thousand stamps scattered over N = 1e9 rows then took 7 GB.
     """
+    if not hasattr(mmap, "MAP_PRIVATE"):  # pragma: no cover - Windows
+        return np.zeros(n_rows, dtype=np.int64)
     buffer = mmap.mmap(-1, max(1, n_rows) * 8, flags=mmap.MAP_PRIVATE)
     if hasattr(mmap, "MADV_NOHUGEPAGE"):
         buffer.madvise(mmap.MADV_NOHUGEPAGE)

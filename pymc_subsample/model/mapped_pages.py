@@ -13,9 +13,11 @@ advised with ``madvise(2)``:
 - gathers of scattered rows (the minibatches of the set-up and of every draw) are advised as
   random reads (``MADV_RANDOM``: the disk reads no neighbouring pages), and, for maps larger
   than ``RESIDENT_SHARE`` of the machine's memory, every page of the maps is dropped once the
-  process's resident file pages grew by ``RELEASE_BYTES``. A read
-  of one scattered row maps more than its page: the cached pages around it, up to a large
-  folio of the page cache.
+  process's resident file pages grew by ``RELEASE_BYTES``. A read of one scattered row maps
+  more than its page: the cached pages around it, up to a large folio of the page cache.
+
+Where Python's ``mmap`` has no ``madvise`` (Windows), no map is found and the rows are read as
+in RAM.
 
 Dropping a page of a shared or read-only file mapping loses nothing: the next read maps it
 again from the page cache or the file. A private (copy-on-write, ``mmap_mode="c"``) map is
@@ -105,7 +107,8 @@ class MappedRows:
         self._scattered_row_bytes = sum(
             max(FAULT_AROUND_BYTES, item.row_bytes) for item in self._maps
         )
-        self._advise_all(mmap.MADV_RANDOM)
+        if self._maps:
+            self._advise_all(mmap.MADV_RANDOM)
         self._resident_after_release = _resident_file_bytes() or 0
         #: Maps that fit in ``RESIDENT_SHARE`` of the machine's memory keep the pages that
         #: scattered reads map (only passes drop theirs): dropping them cost more than the
@@ -197,7 +200,9 @@ def mapped_rows(arrays: Sequence[np.ndarray]) -> MappedRows:
     An array is mapped when it, or an array it is a view of, is an ``np.memmap`` whose mode
     shares the file (``"r"``, ``"r+"``, ``"w+"``) and it reads its rows forward in memory.
     """
-    found = []
+    found: list[_Map] = []
+    if not hasattr(mmap.mmap, "madvise"):  # pragma: no cover - Windows
+        return MappedRows(found)
     for array in arrays:
         item = _map_under(array)
         if item is not None:
