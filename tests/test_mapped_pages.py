@@ -189,6 +189,27 @@ def test_the_row_sampler_takes_memory_only_for_the_rows_it_stamps() -> None:
     assert anonymous_kib() - before <= 48 * 1024
 
 
+def test_a_map_replaced_by_one_of_another_length_is_refused_before_sampling(
+    tmp_path: Path,
+) -> None:
+    """Covariates set to a longer map while the labels keep N: a clear error, not an IndexError.
+
+    The two arrays are unnamed ``pytensor.shared`` variables, whose lengths a dict keyed by
+    name once folded into one entry.
+    """
+    x_path, y_path = _write(tmp_path, dtype="float32")
+    np.save(tmp_path / "X_longer.npy", np.zeros((N_ROWS + 500, N_FEATURES), dtype="float32"))
+    X, y = np.load(x_path, mmap_mode="r"), np.load(y_path, mmap_mode="r")
+    with pm.Model():
+        beta = pm.Normal("beta", 0.0, 2.0, shape=N_FEATURES)
+        covariates = pytensor.shared(X, borrow=True)
+        pm.Bernoulli("y", logit_p=covariates @ beta, observed=pytensor.shared(y, borrow=True))
+        step = pms.AusterityMH()
+        covariates.set_value(np.load(tmp_path / "X_longer.npy", mmap_mode="r"), borrow=True)
+        with pytest.raises(ValueError, match=r"different lengths .*40000.*40500"):
+            pm.sample(step=step, tune=10, draws=10, chains=1, progressbar=False)
+
+
 def test_the_data_on_disk_example_samples_in_two_processes(tmp_path: Path) -> None:
     """``examples/data_on_disk.py``: two chains in two processes read the same maps.
 

@@ -89,15 +89,26 @@ class DataTracker:
         return tuple((id(value), np.shape(value)) for value in values)
 
     def _row_count(self) -> int:
-        lengths = {str(data.name): len(data_value(data)) for data in self.row_data}
+        lengths = {
+            _describe(data, position): len(data_value(data))
+            for position, data in enumerate(self.row_data)
+        }
         if len(set(lengths.values())) != 1:
             raise ValueError(
                 f"The row-aligned data arrays have different lengths {lengths}: after "
                 "pm.set_data, give every array on the row axis (covariates and observed values) "
                 "the same new number of rows in one call, e.g. pm.set_data({'X': X_new, "
-                "'y': y_new})."
+                "'y': y_new}); with pytensor.shared arrays, call set_value on each of them "
+                "before sampling."
             )
         return next(iter(lengths.values()))
+
+
+def _describe(data: Variable, position: int) -> str:
+    """Name a data array for a message: its name, else its place among the row data."""
+    if data.name:
+        return str(data.name)
+    return f"unnamed array {position} ({type(data).__name__})"
 
 
 def shared_data(graphs: Sequence[Variable], exclude: set[Variable]) -> tuple[SharedVariable, ...]:
