@@ -147,3 +147,17 @@ def test_gradients_for_prior_only_variables_are_refused_clearly(make_step):
         pm.Normal("y", offset * x, 1.0, observed=x)
         with pytest.raises(ValueError, match="No row of the likelihood depends on scale"):
             make_step(scale)
+
+
+def test_arrays_whose_rows_do_not_align_are_named_with_their_shapes() -> None:
+    """Covariates one row longer than the labels: the message shows both arrays' shapes."""
+    import pytensor
+
+    rng = np.random.default_rng(0)
+    X = pytensor.shared(rng.normal(size=(3_000, 3)))
+    y = pytensor.shared(rng.integers(0, 2, size=2_999))
+    with pm.Model():
+        beta = pm.Normal("beta", shape=3)
+        pm.Bernoulli("y", logit_p=X @ beta, observed=y)
+        with pytest.raises(ValueError, match=r"data arrays read: .*\(2999,\).*\(3000, 3\)"):
+            pms.AusterityMH()

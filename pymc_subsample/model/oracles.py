@@ -153,6 +153,10 @@ class ModelOracles:
         """The memory maps under the row data, released as rows are read (``mapped_pages.py``)."""
         return self._tracker.pages
 
+    def data_shapes(self) -> str:
+        """Describe the data arrays the rows' functions read and their shapes, for a message."""
+        return self._tracker.shapes()
+
     def refresh_data(self) -> bool:
         """Re-read the model's data after ``pm.set_data``; whether anything changed.
 

@@ -83,6 +83,14 @@ class DataTracker:
         self._pages = None
         return True
 
+    def shapes(self) -> str:
+        """Describe the data arrays read and their shapes, for a message."""
+        arrays = list(self.row_data) + [data for data in self.data if data not in self.row_data]
+        return ", ".join(
+            f"{_describe(data, position)}: {np.shape(data_value(data))}"
+            for position, data in enumerate(arrays)
+        )
+
     def fingerprint(self) -> tuple[tuple[int, tuple[int, ...]], ...]:
         """Identity and shape of every shared data array (``pm.set_data`` replaces arrays)."""
         values = [data.get_value(borrow=True) for data in self.data]

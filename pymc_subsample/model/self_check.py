@@ -51,6 +51,10 @@ class CheckedOracles(Protocol):
         """Return the prior part of the log-density."""
         ...
 
+    def data_shapes(self) -> str:
+        """Describe the data arrays read and their shapes."""
+        ...
+
     def loglik_total(self, q: np.ndarray) -> float | None:
         """Return every row's log-likelihood summed on every core, or None (not shared)."""
         ...
@@ -100,7 +104,9 @@ def self_check(
             f"The likelihood of {names} could not be evaluated on a subset of rows "
             f"({type(error).__name__}: {error}). Per-row latent variables (a free variable "
             "with one entry per row) cannot be subsampled; if some array of length "
-            f"N={n_rows} is not row-aligned, give the rows a named dim and pass obs_dim."
+            f"N={n_rows} is not row-aligned, give the rows a named dim and pass obs_dim. "
+            "Arrays that should hold the same rows must have the same length; the data "
+            f"arrays read: {oracles.data_shapes()}."
         ) from error
     if not np.allclose(subset, full, rtol=1e-6, atol=1e-8, equal_nan=True):
         raise ValueError(
