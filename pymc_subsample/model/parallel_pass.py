@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
 from functools import cache
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 from threadpoolctl import threadpool_limits
@@ -100,8 +100,8 @@ def summed_over_ranges(
         PyTensor's Numba backend cannot compile): the caller then sums range by range itself.
     """
     threads = pass_threads() if threads is None else threads
-    streamed = pages is not None and bool(pages)
-    if n_rows < PARALLEL_ROWS or (threads < 2 and not streamed):
+    stream = pages if pages is not None and pages else None  # maps to stream, if any
+    if n_rows < PARALLEL_ROWS or (threads < 2 and stream is None):
         return None
     if not all(array.flags.c_contiguous for array in arrays):
         return None
@@ -123,9 +123,9 @@ def summed_over_ranges(
 
     # Blocks of ranges: all of them at once in RAM; STREAM_BLOCK_BYTES of a map's rows each.
     per_block = starts.size
-    if streamed:
-        per_block = max(1, cast(MappedRows, pages).block_rows(n_rows) // chunk_size)
-    advice = cast(MappedRows, pages).streaming() if streamed else nullcontext()
+    if stream is not None:
+        per_block = max(1, stream.block_rows(n_rows) // chunk_size)
+    advice = stream.streaming() if stream is not None else nullcontext()
     with (
         threadpool_limits(limits=1, user_api="blas"),
         ThreadPoolExecutor(threads) as pool,
@@ -133,14 +133,14 @@ def summed_over_ranges(
     ):
         for begin in range(1, starts.size, per_block):
             end = min(begin + per_block, starts.size)
-            if streamed:
-                cast(MappedRows, pages).read_ahead(
+            if stream is not None:  # this block and the next
+                stream.read_ahead(
                     int(starts[begin]), int(stops[min(end + per_block, starts.size) - 1])
                 )
             shares = np.array_split(np.arange(begin, end), threads)
             list(pool.map(run, range(threads), shares))
-            if streamed:
-                cast(MappedRows, pages).release(int(starts[begin]), int(stops[end - 1]))
+            if stream is not None:
+                stream.release(int(starts[begin]), int(stops[end - 1]))
     return [
         output + np.sum([part[k] for part in totals], axis=0).reshape(output.shape)
         for k, output in enumerate(first)
