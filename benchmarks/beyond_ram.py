@@ -40,22 +40,9 @@ from typing import Any
 
 import numpy as np
 from beyond_ram_data import FEATURES, PASS_BLOCK, data_paths, streamed_reference, write_data
-from common import child_json, write_json
+from common import child_json, process_status_bytes, reset_peak_memory, write_json
 
 DRAWS = {"tune": 1_000, "draws": 2_000}
-
-
-def _status(field: str) -> int:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith(field):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError(f"{field} not in /proc/self/status")
-
-
-def _reset_peak() -> None:
-    with open("/proc/self/clear_refs", "w") as clear:
-        clear.write("5")
 
 
 def evict(paths: tuple[Path, ...]) -> None:
@@ -102,13 +89,13 @@ def run_case(directory: Path, n_rows: int, form: str) -> dict[str, Any]:
             logit_p=pytensor.shared(X, borrow=True, name="X") @ beta,
             observed=pytensor.shared(y, borrow=True, name="y"),
         )
-    base = _status("VmRSS")
-    _reset_peak()
+    base = process_status_bytes("VmRSS")
+    reset_peak_memory()
     start = time.perf_counter()
     with model:
         step = pms.AusterityMH()
     setup = time.perf_counter() - start
-    setup_peak = _status("VmHWM")
+    setup_peak = process_status_bytes("VmHWM")
     start = time.perf_counter()
     with model:
         trace = pm.sample(
@@ -116,7 +103,7 @@ def run_case(directory: Path, n_rows: int, form: str) -> dict[str, Any]:
             compute_convergence_checks=False, return_inferencedata=False,
         )  # fmt: skip
     sampling = time.perf_counter() - start
-    run_peak = _status("VmHWM")
+    run_peak = process_status_bytes("VmHWM")
     draws = np.asarray(trace.get_values("beta"))
     ess = np.asarray(az.ess(draws[None]))
     error = np.abs(draws.mean(0) - mode) / laplace_sd

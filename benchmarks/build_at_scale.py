@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from common import child_json, logistic_model, write_json
+from common import child_json, logistic_model, process_status_bytes, reset_peak_memory, write_json
 
 FEATURES = 10
 BLOCK = 65_536
@@ -71,19 +71,6 @@ def write_data(directory: Path, n_rows: int, seed: int = 0) -> tuple[Path, Path]
     y.flush()
     del X, y
     return x_path, y_path
-
-
-def _rss(field: str) -> int:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith(field):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError(f"{field} not in /proc/self/status")
-
-
-def _reset_peak() -> None:
-    with open("/proc/self/clear_refs", "w") as clear:
-        clear.write("5")
 
 
 def _newton_reference(X: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -136,13 +123,13 @@ def run_child(n_rows: int, directory: Path, shared: bool) -> dict[str, Any]:
     model = _shared_model(X, y) if shared else logistic_model(X, y)
     mode, laplace_sd = _newton_reference(X, y)
     gradient_pass = _gradient_pass_seconds(X, y, mode)
-    base = _rss("VmRSS")
-    _reset_peak()
+    base = process_status_bytes("VmRSS")
+    reset_peak_memory()
     start = time.perf_counter()
     with model:
         step = pms.AusterityMH()
     setup = time.perf_counter() - start
-    setup_growth = _rss("VmHWM") - base
+    setup_growth = process_status_bytes("VmHWM") - base
     start = time.perf_counter()
     with model:
         idata = pm.sample(

@@ -276,3 +276,18 @@ def risk_over_time(estimates: np.ndarray, truth: np.ndarray | float) -> dict[str
         "variance_at_budget": float(variance[-1]),
         "chain_risks_at_budget": squared_errors[:, -1].tolist(),
     }
+
+
+def process_status_bytes(field: str) -> int:
+    """Return a ``/proc/self/status`` memory field (``VmRSS``, ``VmHWM``, ...) in bytes."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith(field):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"{field} not in /proc/self/status")
+
+
+def reset_peak_memory() -> None:
+    """Reset the process's peak resident memory (``VmHWM``) to its current value."""
+    with open("/proc/self/clear_refs", "w") as clear:
+        clear.write("5")
