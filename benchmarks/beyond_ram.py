@@ -7,6 +7,12 @@ Logistic regression with d = 10, float32 ``X`` and int8 ``y`` written as ``.npy`
 - ``memmap``: ``X`` and ``y`` from ``np.load(path, mmap_mode="r")``, given to the model as
   ``pytensor.shared(array, borrow=True)`` (no copy; ``docs/data_beyond_ram.md``);
 - ``in RAM``: the same files loaded into memory (N up to 1e8);
+- ``dask``: the same files on a ``distributed.LocalCluster`` of 2 worker processes (one
+  thread each): each chunk of 2^22 rows is read from the files by the worker that holds it
+  and kept in its memory (``persist``), and the model reads them through ``pms.dask_data``:
+  the step's passes run as Dask tasks on the workers, the draws' rows are fetched ahead
+  from them (``docs/data_beyond_ram.md``, "Data on Dask"). Its full-data gradient pass is
+  timed on the cluster too, as a Dask array expression.
 - page cache ``cold``: the files' pages evicted from the page cache before the process starts
   (``posix_fadvise(POSIX_FADV_DONTNEED)``); ``warm``: the same case again right after, every
   page cached (up to ``--in-ram-up-to`` rows; beyond RAM a cache holds part of the file).
@@ -78,17 +84,26 @@ def run_case(directory: Path, n_rows: int, form: str) -> dict[str, Any]:
     reference = streamed_reference(directory, n_rows)
     mode, laplace_sd = np.array(reference["mode"]), np.array(reference["laplace_sd"])
     x_path, y_path = data_paths(directory, n_rows)
-    if form == "memmap":
-        X, y = np.load(x_path, mmap_mode="r"), np.load(y_path, mmap_mode="r")
+    cluster: dict[str, Any] = {}
+    if form == "dask":
+        X, y, cluster = on_cluster(x_path, y_path, mode)
+        with pm.Model() as model:
+            beta = pm.Normal("beta", 0.0, 2.0, shape=FEATURES)
+            pm.Bernoulli(
+                "y", logit_p=pms.dask_data("X", X) @ beta, observed=pms.dask_data("labels", y)
+            )
     else:
-        X, y = np.load(x_path), np.load(y_path)
-    with pm.Model() as model:
-        beta = pm.Normal("beta", 0.0, 2.0, shape=FEATURES)
-        pm.Bernoulli(
-            "y",
-            logit_p=pytensor.shared(X, borrow=True, name="X") @ beta,
-            observed=pytensor.shared(y, borrow=True, name="y"),
-        )
+        if form == "memmap":
+            X, y = np.load(x_path, mmap_mode="r"), np.load(y_path, mmap_mode="r")
+        else:
+            X, y = np.load(x_path), np.load(y_path)
+        with pm.Model() as model:
+            beta = pm.Normal("beta", 0.0, 2.0, shape=FEATURES)
+            pm.Bernoulli(
+                "y",
+                logit_p=pytensor.shared(X, borrow=True, name="X") @ beta,
+                observed=pytensor.shared(y, borrow=True, name="y"),
+            )
     base = process_status_bytes("VmRSS")
     reset_peak_memory()
     start = time.perf_counter()
@@ -127,7 +142,62 @@ def run_case(directory: Path, n_rows: int, form: str) -> dict[str, Any]:
         "sd_ratio_range": [float(sd_ratio.min()), float(sd_ratio.max())],
         "control_variate": str(step.control_variate),
         "proposal": str(step.proposal_kind),
+        "draw_path": str(step.draw_path),
+        **cluster,
     }
+
+
+def on_cluster(x_path: Path, y_path: Path, mode: np.ndarray) -> tuple[Any, Any, dict[str, Any]]:
+    """Start a 2-worker LocalCluster, load the files' rows onto it; time a gradient pass there.
+
+    The cluster and its client stay open for the rest of the process (the step's passes run
+    on it). Returns the Dask arrays and what was measured: the load, the workers' resident
+    memory after it, and one full-data gradient pass as a Dask array expression.
+    """
+    import dask.array as da
+    import psutil
+    from distributed import Client, LocalCluster, wait
+
+    cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True)
+    client = Client(cluster)
+    start = time.perf_counter()
+    X, y = (npy_rows(path) for path in (x_path, y_path))
+    X, y = X.persist(), y.persist()
+    wait([X, y])
+    load = time.perf_counter() - start
+    worker_rss = sum(client.run(lambda: psutil.Process().memory_info().rss).values())
+    start = time.perf_counter()
+    eta = X.astype(np.float64) @ mode
+    gradient = (X.T @ (y - 1.0 / (1.0 + da.exp(-eta)))).compute()
+    assert gradient.shape == (FEATURES,)
+    return (
+        X,
+        y,
+        {
+            "cluster_workers": 2,
+            "cluster_load_seconds": load,
+            "cluster_workers_rss_bytes": worker_rss,
+            "cluster_full_gradient_pass_seconds": time.perf_counter() - start,
+            "chunk_rows": int(X.chunks[0][0]),
+        },
+    )
+
+
+def npy_rows(path: Path, chunk_rows: int = 1 << 22) -> Any:
+    """A Dask array of a ``.npy`` file's rows, each chunk read by the worker computing it."""
+    import dask.array as da
+
+    header = np.load(path, mmap_mode="r")
+    shape, dtype = header.shape, header.dtype
+    sizes = [min(chunk_rows, shape[0] - begin) for begin in range(0, shape[0], chunk_rows)]
+    chunks = (tuple(sizes), *((extent,) for extent in shape[1:]))
+
+    def read(block_info: dict[Any, Any] | None = None) -> np.ndarray:
+        assert block_info is not None
+        (begin, end), *_ = block_info[None]["array-location"]
+        return np.array(np.load(path, mmap_mode="r")[begin:end])
+
+    return da.map_blocks(read, chunks=chunks, dtype=dtype, meta=np.empty((0,) * len(shape), dtype))
 
 
 def main() -> None:
@@ -136,6 +206,8 @@ def main() -> None:
     parser.add_argument("--rows", nargs="+", type=float, default=[1e7, 1e8, 1e9])
     parser.add_argument("--data-dir", type=Path, default=Path("/tmp/pms_beyond_ram"))
     parser.add_argument("--in-ram-up-to", type=float, default=1e8)
+    parser.add_argument("--dask-up-to", type=float, default=1e8)
+    parser.add_argument("--forms", nargs="+", help="run only these forms (memmap, in RAM, dask)")
     parser.add_argument("--name", default="beyond_ram", help="results/NAME.json")
     args = parser.parse_args()
     if args.child:
@@ -156,7 +228,11 @@ def main() -> None:
         cases = [("memmap", "cold")]
         if n_rows <= args.in_ram_up_to:  # the data fit in the page cache, and in RAM
             cases += [("memmap", "warm"), ("in RAM", "cold")]
+        if n_rows <= args.dask_up_to:  # the workers hold the rows in their memory
+            cases += [("dask", "cold")]
         for form, cache in cases:
+            if args.forms and form not in args.forms:
+                continue
             if cache == "cold":
                 evict(data_paths(args.data_dir, n_rows))
             arguments = [str(n_rows), str(args.data_dir), form]

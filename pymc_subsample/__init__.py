@@ -9,6 +9,7 @@ Use a step with ``pm.sample``::
         idata = pm.sample(step=pms.AusterityMH(error_tolerance=0.01, batch_size=500))
 """
 
+from pymc_subsample.dask_data import dask_data
 from pymc_subsample.kernels.design_programme import acceptance_error, operating_characteristics
 from pymc_subsample.kernels.design_search import design_test
 from pymc_subsample.kernels.test_design import (
@@ -54,6 +55,7 @@ __all__ = [
     "SubsampleWarning",
     "__version__",
     "acceptance_error",
+    "dask_data",
     "design_test",
     "find_reference_point",
     "operating_characteristics",

@@ -63,7 +63,7 @@ def laplace_log_weight_sd(
     controlled = oracles.with_proxy_order(2)
     gradient_sum, hessian_sum = row_sums
     n_rows = oracles.n_rows
-    sampler = SparseRowSampler(n_rows)
+    sampler = SparseRowSampler(n_rows, oracles.row_proposals())
     sampler.start_test()
     rows = sampler.draw(rng, min(n_rows, LAPLACE_ROWS))
     factor = cholesky(precision, lower=True)

@@ -27,7 +27,10 @@ from collections.abc import Callable
 
 import numpy as np
 
-__all__ = ["RowSampler", "SparseRowSampler"]
+__all__ = ["Proposals", "RowSampler", "SparseRowSampler"]
+
+#: ``(rng, size) -> size`` independent uniform row proposals (int64).
+Proposals = Callable[[np.random.Generator, int], np.ndarray]
 
 
 class RowSampler:
@@ -37,6 +40,10 @@ class RowSampler:
     ----------
     n_rows : int
         Number of rows N.
+    proposals : callable, optional
+        ``proposals(rng, size)`` returns ``size`` independent uniform row proposals (int64);
+        by default ``rng.integers(0, n_rows, size)``. Data on Dask give a stream drawn ahead,
+        whose rows are fetched before the draws ask for them (``model/dask_rows.py``).
 
     Examples
     --------
@@ -49,10 +56,11 @@ class RowSampler:
 
     """
 
-    def __init__(self, n_rows: int) -> None:
+    def __init__(self, n_rows: int, proposals: Proposals | None = None) -> None:
         if n_rows < 1:
             raise ValueError(f"n_rows must be at least 1, got {n_rows}.")
         self.n_rows = int(n_rows)
+        self._propose: Proposals = proposals or _UniformProposals(self.n_rows)
         self._stamps = _lazy_zeros(self.n_rows)
         #: The next stamp, then scratch space of the fused draw (``kernels/fused.py``), which
         #: draws rows the same way on the same stamps: one int64 array, so that stamps and
@@ -110,7 +118,7 @@ class RowSampler:
         """
         size = min(int(size), self.n_rows - self._n_taken)
         if self._n_taken == 0 and 2 * size <= self.n_rows:
-            candidates = rng.integers(0, self.n_rows, size=size)
+            candidates = self._propose(rng, size)
             if _distinct(candidates):
                 self._unstamped = candidates
                 self._n_taken = size
@@ -139,7 +147,7 @@ class RowSampler:
             return candidates[self._stamps[candidates] < self._test_start]
 
         return _rejection_draw(
-            rng, self.n_rows, size, first, untaken, self._stamp, self._n_taken > 0
+            rng, self._propose, size, first, untaken, self._stamp, self._n_taken > 0
         )
 
     def _stamp(self, candidates: np.ndarray) -> np.ndarray:
@@ -174,6 +182,8 @@ class SparseRowSampler:
     ----------
     n_rows : int
         Number of rows N.
+    proposals : callable, optional
+        As for :class:`RowSampler`.
 
     Examples
     --------
@@ -187,10 +197,11 @@ class SparseRowSampler:
     True
     """
 
-    def __init__(self, n_rows: int) -> None:
+    def __init__(self, n_rows: int, proposals: Proposals | None = None) -> None:
         if n_rows < 1:
             raise ValueError(f"n_rows must be at least 1, got {n_rows}.")
         self.n_rows = int(n_rows)
+        self._propose: Proposals = proposals or _UniformProposals(self.n_rows)
         self._taken = np.empty(0, dtype=np.int64)  # this test's rows, sorted
         self._n_taken = 0
         self._remaining: np.ndarray | None = None
@@ -218,7 +229,7 @@ class SparseRowSampler:
         """Draw up to ``size`` rows not yet drawn in this test (:meth:`RowSampler.draw`)."""
         size = min(int(size), self.n_rows - self._n_taken)
         if self._n_taken == 0 and 2 * size <= self.n_rows:
-            candidates = rng.integers(0, self.n_rows, size=size)
+            candidates = self._propose(rng, size)
             if _distinct(candidates):
                 self._taken = np.sort(candidates)
                 self._n_taken = size
@@ -251,7 +262,7 @@ class SparseRowSampler:
             self._taken = np.sort(np.concatenate([self._taken, candidates]))
             return candidates
 
-        return _rejection_draw(rng, self.n_rows, size, first, untaken, take, self._n_taken > 0)
+        return _rejection_draw(rng, self._propose, size, first, untaken, take, self._n_taken > 0)
 
 
 def _lazy_zeros(n_rows: int) -> np.ndarray:
@@ -270,9 +281,21 @@ def _lazy_zeros(n_rows: int) -> np.ndarray:
     return np.frombuffer(buffer, dtype=np.int64, count=n_rows)
 
 
+class _UniformProposals:
+    """``(rng, size) -> rng.integers(0, n_rows, size)``: the samplers' proposals (picklable)."""
+
+    __slots__ = ("n_rows",)
+
+    def __init__(self, n_rows: int) -> None:
+        self.n_rows = n_rows
+
+    def __call__(self, rng: np.random.Generator, size: int) -> np.ndarray:
+        return rng.integers(0, self.n_rows, size=size)
+
+
 def _rejection_draw(
     rng: np.random.Generator,
-    n_rows: int,
+    propose: Proposals,
     size: int,
     first: np.ndarray | None,
     untaken: Callable[[np.ndarray], np.ndarray],
@@ -281,9 +304,10 @@ def _rejection_draw(
 ) -> np.ndarray:
     """Propose rows uniformly until ``size`` new ones are taken; both samplers' draw.
 
-    ``first`` are proposals already drawn; ``untaken`` drops the rows taken earlier in the test
-    (skipped for the first batch when nothing was taken: ``filter_first`` False); ``take``
-    records a batch and returns it without repeats (the last copy of each row).
+    ``propose(rng, size)`` draws uniform proposals; ``first`` are proposals already drawn;
+    ``untaken`` drops the rows taken earlier in the test (skipped for the first batch when
+    nothing was taken: ``filter_first`` False); ``take`` records a batch and returns it
+    without repeats (the last copy of each row).
     """
     batches: list[np.ndarray] = []
     needed = size
@@ -291,7 +315,7 @@ def _rejection_draw(
         if first is not None:
             candidates, first = first, None
         else:
-            candidates = rng.integers(0, n_rows, size=needed)
+            candidates = propose(rng, needed)
         if filter_first or batches:
             candidates = untaken(candidates)
         candidates = take(candidates)

@@ -115,6 +115,10 @@ class LazyFunction:
             cache_key=_numba_cache_key(jit_function),
         )
 
+    def uncompiled(self) -> LazyFunction:
+        """Return a copy that compiles at its first call (what a Dask worker is sent)."""
+        return LazyFunction(self._build, self._compile_kwargs)
+
     def __getstate__(self) -> tuple[Any, ...]:
         return (self._build, self._compile_kwargs, self._function, self._numba_function)
 

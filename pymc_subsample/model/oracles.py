@@ -22,6 +22,7 @@ from pytensor.tensor.variable import TensorVariable
 
 from pymc_subsample.model.checks import check_continuous
 from pymc_subsample.model.compiled import LazyFunction, NumbaKernel, collection_paused
+from pymc_subsample.model.dask_pass import summed_on_dask
 from pymc_subsample.model.functions import ModelFunctions, initial_q, model_functions
 from pymc_subsample.model.identification import warn_if_unidentified
 from pymc_subsample.model.likelihood_space import LikelihoodSpace
@@ -153,6 +154,21 @@ class ModelOracles:
         """The memory maps under the row data, released as rows are read (``mapped_pages.py``)."""
         return self._tracker.pages
 
+    @property
+    def rows_on_dask(self) -> bool:
+        """Whether the rows are read from Dask arrays (``pms.dask_data``, ``dask_rows.py``)."""
+        return self._tracker.dask is not None
+
+    @property
+    def rows_far(self) -> bool:
+        """Whether a scattered row costs far more than a row of a pass (a map, or Dask)."""
+        return bool(self.pages) or self.rows_on_dask
+
+    def row_proposals(self) -> Callable[[np.random.Generator, int], np.ndarray] | None:
+        """Return the row samplers' proposals where drawn ahead (data on Dask), else None."""
+        rows = self._tracker.dask
+        return None if rows is None else rows.proposals
+
     def data_shapes(self) -> str:
         """Describe the data arrays the rows' functions read and their shapes, for a message."""
         return self._tracker.shapes()
@@ -237,9 +253,7 @@ class ModelOracles:
         ``PARALLEL_ROWS`` rows, data in C order); None otherwise, and the caller reads the
         rows range by range with :meth:`loglik_rows`.
         """
-        total = summed_over_ranges(
-            self._functions.loglik_sum, [q], self.row_arrays(), self.n_rows, chunk_size, self.pages
-        )
+        total = self._summed_pass(self._functions.loglik_sum, q, chunk_size)
         if total is None:
             return None
         self._after_full_pass(float(total[0]))
@@ -307,6 +321,17 @@ class ModelOracles:
         function = self._gradient("gradient_on_rows", self._functions.posterior_gradient)
         n_used = self.n_rows if rows is None else rows.size
         factor = np.asarray(self.n_rows / (n_used * temperature), dtype="float64")
+        on_dask = self._tracker.dask
+        if rows is None and on_dask is not None:
+            prior_gradient = self.log_prior_grad
+
+            def exact_on_dask(q: np.ndarray) -> np.ndarray:
+                on_dask.check_process()
+                # Each call adds the prior's gradient to its rows': keep it once.
+                (total,), calls = summed_on_dask(function, [q, factor], on_dask.arrays)
+                return total - (calls - 1) * prior_gradient(q)
+
+            return exact_on_dask
         if rows is None and self.n_rows > _EXACT_GRADIENT_CHUNK:
             pieces = list(row_chunks(self.n_rows, _EXACT_GRADIENT_CHUNK))
             prior_gradient = self.log_prior_grad
@@ -317,11 +342,7 @@ class ModelOracles:
                 return total - (len(pieces) - 1) * prior_gradient(q)
 
             return exact
-        data = (
-            [data_value(array) for array in self._functions.row_data]
-            if rows is None
-            else self._gather(rows)
-        )
+        data = self._gather(slice(0, self.n_rows) if rows is None else rows)
 
         def gradient(q: np.ndarray) -> np.ndarray:
             return np.asarray(function(q, factor, *data))
@@ -414,9 +435,7 @@ class ModelOracles:
             )
             return totals.gradient, cast(np.ndarray, totals.hessian)
         if idx is None:
-            shared = summed_over_ranges(
-                sums_fn, [q], self.row_arrays(), self.n_rows, PASS_CHUNK, self.pages
-            )
+            shared = self._summed_pass(sums_fn, q)
             if shared is not None:
                 self._after_full_pass(float(np.sum(shared[0])))
                 return shared[0], shared[1]
@@ -460,7 +479,7 @@ class ModelOracles:
             )
         if (
             with_hessian
-            and self.n_rows >= PARALLEL_ROWS
+            and (self.n_rows >= PARALLEL_ROWS or self.rows_on_dask)
             and isinstance(idx, slice)
             and row_count(idx, self.n_rows) == self.n_rows
         ):
@@ -486,9 +505,7 @@ class ModelOracles:
         """
         function = self._functions.full_sums
         d = self.n_params
-        totals = summed_over_ranges(
-            function, [q], self.row_arrays(), self.n_rows, PASS_CHUNK, self.pages
-        )
+        totals = self._summed_pass(function, q)
         if totals is None:
             totals = [np.zeros(()), np.zeros(d), np.zeros((d, d))]
             for rows in row_chunks(self.n_rows, chunk_size):
@@ -544,7 +561,28 @@ class ModelOracles:
             )
         return function
 
+    def _summed_pass(
+        self, function: LazyFunction, q: np.ndarray, chunk_size: int = PASS_CHUNK
+    ) -> list[np.ndarray] | None:
+        """Sum ``function(q, rows)`` over every row: on Dask, on the cores, or None (serial)."""
+        if self.rows_on_dask:
+            return self._tracker_dask_sums(function, q)
+        return summed_over_ranges(
+            function, [q], self.row_arrays(), self.n_rows, chunk_size, self.pages
+        )
+
+    def _tracker_dask_sums(self, function: LazyFunction, q: np.ndarray) -> list[np.ndarray]:
+        rows = self._tracker.dask
+        assert rows is not None
+        rows.check_process()
+        return summed_on_dask(function, [np.asarray(q, dtype="float64")], rows.arrays)[0]
+
     def _gather(self, idx: Rows) -> list[np.ndarray]:
+        on_dask = self._data.dask if self._data is not None else None
+        if on_dask is not None:
+            if isinstance(idx, slice):
+                return on_dask.gather_range(idx)
+            return on_dask.gather(idx)
         arrays = [data_value(data) for data in self._functions.row_data]
         pages = self._data.pages if self._data is not None else None
         if pages and not isinstance(idx, slice):

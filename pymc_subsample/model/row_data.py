@@ -16,6 +16,7 @@ from pytensor.graph.basic import Variable
 from pytensor.graph.traversal import ancestors
 from pytensor.tensor.variable import TensorConstant
 
+from pymc_subsample.model.dask_rows import DaskRows, dask_array_of, dask_rows
 from pymc_subsample.model.mapped_pages import MappedRows, mapped_rows
 
 __all__ = ["DataTracker", "Rows", "data_value", "row_chunks", "row_count", "shared_data"]
@@ -55,6 +56,8 @@ class DataTracker:
     def __init__(self, row_data: tuple[Variable, ...], data: tuple[SharedVariable, ...]) -> None:
         self.row_data = row_data
         self.data = data
+        #: The Dask arrays behind the row data (``pms.dask_data``), or None in memory.
+        self.dask: DaskRows | None = dask_rows(row_data)
         self.n_rows = self._row_count()
         self._seen = self.fingerprint()
         self._pages: MappedRows | None = None
@@ -69,6 +72,8 @@ class DataTracker:
     @property
     def pages(self) -> MappedRows:
         """The memory maps under the row data, advised as rows are read (``mapped_pages.py``)."""
+        if self._pages is None and self.dask is not None:
+            self._pages = mapped_rows([])
         if self._pages is None:
             self._pages = mapped_rows([data_value(data) for data in self.row_data])
         return self._pages
@@ -78,6 +83,7 @@ class DataTracker:
         seen = self.fingerprint()
         if seen == self._seen:
             return False
+        self.dask = dask_rows(self.row_data)
         self.n_rows = self._row_count()
         self._seen = seen
         self._pages = None
@@ -87,8 +93,7 @@ class DataTracker:
         """Describe the data arrays read and their shapes, for a message."""
         arrays = list(self.row_data) + [data for data in self.data if data not in self.row_data]
         return ", ".join(
-            f"{_describe(data, position)}: {np.shape(data_value(data))}"
-            for position, data in enumerate(arrays)
+            f"{_describe(data, position)}: {_shape(data)}" for position, data in enumerate(arrays)
         )
 
     def fingerprint(self) -> tuple[tuple[int, tuple[int, ...]], ...]:
@@ -98,7 +103,7 @@ class DataTracker:
 
     def _row_count(self) -> int:
         lengths = {
-            _describe(data, position): len(data_value(data))
+            _describe(data, position): _shape(data)[0]
             for position, data in enumerate(self.row_data)
         }
         if len(set(lengths.values())) != 1:
@@ -110,6 +115,12 @@ class DataTracker:
                 "before sampling."
             )
         return next(iter(lengths.values()))
+
+
+def _shape(data: Variable) -> tuple[int, ...]:
+    """Return a data array's shape: its Dask array's where it is on Dask (``pms.dask_data``)."""
+    on_dask = dask_array_of(data)
+    return tuple(on_dask.shape) if on_dask is not None else np.shape(data_value(data))
 
 
 def _describe(data: Variable, position: int) -> str:

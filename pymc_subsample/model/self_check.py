@@ -59,6 +59,11 @@ class CheckedOracles(Protocol):
         """Return every row's log-likelihood summed on every core, or None (not shared)."""
         ...
 
+    @property
+    def rows_on_dask(self) -> bool:
+        """Whether the rows are on Dask (the model itself holds a placeholder's rows only)."""
+        ...
+
 
 def self_check(
     oracles: CheckedOracles,
@@ -94,7 +99,8 @@ def self_check(
     jittered = q0 + continuous * check_rng.normal(scale=0.3, size=q0.size)
     try:
         subset = oracles.loglik_rows(jittered, rows)
-        if n_rows <= _FULL_REFERENCE_ROWS:
+        full_reference = n_rows <= _FULL_REFERENCE_ROWS and not oracles.rows_on_dask
+        if full_reference:
             full = full_fn(jittered)[rows]
         else:
             full = _among_other_rows(oracles, jittered, rows, check_rng)
@@ -113,7 +119,7 @@ def self_check(
             f"Self-check failed: the log-likelihood of {names} evaluated on a subset of rows "
             + (
                 "differs from the full model's value for the same rows."
-                if n_rows <= _FULL_REFERENCE_ROWS
+                if full_reference
                 else "changes when the same rows are read among other rows."
             )
             + " The model probably "

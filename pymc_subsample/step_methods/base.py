@@ -197,7 +197,7 @@ class SubsampleMH(SubsampleStepBase, ControlVariateChoice):
                 proposal_cov = self.control.covariance
         # 8 bytes per row, allocated once: after the control variate's reference search, so
         # that the search's passes and this array are not held together.
-        self.row_sampler = RowSampler(self.oracles.n_rows)
+        self.row_sampler = RowSampler(self.oracles.n_rows, self.oracles.row_proposals())
         #: The proposal in use: a registered part's name (``proposal_parts``) or "user".
         self.proposal_kind = self._resolve_proposal(requested_proposal, proposal_cov)
         self._user_proposal = (
@@ -305,7 +305,7 @@ class SubsampleMH(SubsampleStepBase, ControlVariateChoice):
     def _rebuild_for_data(self) -> None:
         # New data (pm.set_data): new N for the row sampler and the diagnostics, and new
         # gradient and Hessian sums for the control variate, found again when it was automatic.
-        self.row_sampler = RowSampler(self.oracles.n_rows)
+        self.row_sampler = RowSampler(self.oracles.n_rows, self.oracles.row_proposals())
         self.test.prepare(self)
         if self.control is not None:
             self.control = self._make_control_variate(self._reference_point)

@@ -57,6 +57,8 @@ def fused_obstacle(step: StepView) -> str | None:
         return f"the {step.proposal_kind} proposal runs in Python"
     if not step.oracles.rows_depend_on_q:
         return "no row of the likelihood depends on the step's variables"
+    if step.oracles.rows_on_dask:
+        return "the rows are read from Dask, fetched ahead of the draws in Python"
     if step.control is not None and step.oracles.expansion != "unconstrained":
         return "the control variate is expanded in the likelihood's parameters"
     if step.strata is not None:

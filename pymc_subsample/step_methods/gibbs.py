@@ -134,12 +134,12 @@ class AusterityGibbs(SubsampleStepBase):
             blocked=True,
             discrete=True,
         )
-        self.row_sampler = RowSampler(self.oracles.n_rows)
+        self.row_sampler = RowSampler(self.oracles.n_rows, self.oracles.row_proposals())
         self.tune = True
         self.oracles.ensure_rows_finite()  # no pass over every row checked the start
 
     def _rebuild_for_data(self) -> None:
-        self.row_sampler = RowSampler(self.oracles.n_rows)
+        self.row_sampler = RowSampler(self.oracles.n_rows, self.oracles.row_proposals())
 
     def reset_tuning(self) -> None:
         """Nothing is tuned."""

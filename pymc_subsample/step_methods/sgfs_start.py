@@ -93,7 +93,7 @@ def reference_fisher(
     ReferenceFisher
     """
     n_rows = oracles.n_rows
-    sampler = SparseRowSampler(n_rows)
+    sampler = SparseRowSampler(n_rows, oracles.row_proposals())
     sampler.start_test()
     rows = np.sort(sampler.draw(np.random.default_rng(_ROWS_SEED), min(n_rows, FISHER_ROWS)))
     scores = np.concatenate(

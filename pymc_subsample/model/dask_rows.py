@@ -1,0 +1,298 @@
+"""Row data held by Dask: the draws' rows fetched ahead of the draws, passes on the cluster.
+
+The model holds a few rows of each Dask-backed array as a placeholder (``pms.dask_data``,
+``pymc_subsample/dask_data.py``), and the placeholder's shared variable carries the Dask
+array (``tag.dask_rows``). :class:`DaskRows` is what the oracles read instead of the
+placeholders (``docs/architecture.md``, "Data on Dask"):
+
+- **Draws.** A step's row sampler proposes rows uniformly, independently of the chain
+  (``kernels/row_sampler.py``), so its proposals can be drawn before they are needed.
+  :meth:`DaskRows.proposals` hands them out from a stream drawn ahead by its own generator;
+  the rows of the next blocks of the stream are fetched from the cluster in a background
+  thread while the draws read the current block from local memory. Each test's rows are
+  the same uniform sample without replacement as in memory (the sampler's rejection of
+  repeats is unchanged), so no estimator or test changes: only when they are read does.
+  A draw waits only when it outruns the fetches, never on a pass over the data.
+- **Other reads** (the set-up's minibatches, a stratified test's rows) fetch the rows they
+  name from the cluster when they are asked for (:meth:`DaskRows.gather`).
+- **Passes over every row** run as a Dask reduction (``model/dask_pass.py``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections import deque
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, cast
+
+import numpy as np
+from pytensor.compile.sharedvalue import SharedVariable
+from pytensor.graph.basic import Variable
+
+from pymc_subsample.model.dask_pass import aligned
+
+__all__ = [
+    "FIRST_FETCH_ROWS",
+    "FETCH_AHEAD",
+    "FETCH_ROWS",
+    "KEPT_ROWS",
+    "DaskRows",
+    "dask_array_of",
+    "dask_rows",
+]
+
+#: Proposals in the stream's first block: small, so that the first draw waits little.
+FIRST_FETCH_ROWS = 1 << 13
+
+#: Proposals per later block: a fetch of scattered rows costs a task per chunk of the array
+#: whatever its size, so blocks are large (a few MB of rows), and last hundreds of draws.
+FETCH_ROWS = 1 << 17
+
+#: Blocks fetched ahead of the one the draws read.
+FETCH_AHEAD = 2
+
+#: Rows kept for lookups (the stream's latest blocks, rows fetched on demand): the set-up's
+#: minibatches and line searches read their rows again, and a test may span blocks.
+KEPT_ROWS = 1 << 19
+
+
+def dask_array_of(data: Variable) -> Any | None:
+    """Return the Dask array behind a placeholder made by ``pms.dask_data``, else None."""
+    return getattr(data.tag, "dask_rows", None) if isinstance(data, SharedVariable) else None
+
+
+def dask_rows(row_data: Sequence[Variable]) -> DaskRows | None:
+    """Return the Dask rows behind ``row_data``, or None where none is on Dask.
+
+    Raises
+    ------
+    ValueError
+        If some row-aligned arrays are on Dask and others are not, or an array's
+        placeholder was replaced (``pm.set_data``).
+    """
+    arrays = [dask_array_of(data) for data in row_data]
+    if all(array is None for array in arrays):
+        return None
+    names = [str(data.name) for data in row_data]
+    local = [name for name, array in zip(names, arrays, strict=True) if array is None]
+    if local:
+        raise ValueError(
+            f"The row-aligned data {local} are in memory while the other row-aligned arrays are "
+            "on Dask: give every array on the row axis (covariates and observed values) with "
+            "pms.dask_data, e.g. y = pms.dask_data('y', da.from_array(y_values)), so that the "
+            "rows of all of them are read from the same place."
+        )
+    for data in row_data:
+        if cast(SharedVariable, data).get_value(borrow=True) is not data.tag.dask_placeholder:
+            raise ValueError(
+                f"The data {data.name!r} were given with pms.dask_data and then replaced "
+                "(pm.set_data or set_value). Data on Dask cannot be swapped in place: build the "
+                "model again with pms.dask_data on the new Dask arrays."
+            )
+    return DaskRows(tuple(arrays), tuple(names))
+
+
+class DaskRows:
+    """The row-aligned Dask arrays a model's rows read, as the oracles read them.
+
+    Parameters
+    ----------
+    arrays : tuple of dask.array.Array
+        The row-aligned arrays, in the order of the rows' functions' inputs.
+    names : tuple of str
+        Their names, for messages.
+    """
+
+    def __init__(self, arrays: tuple[Any, ...], names: tuple[str, ...]) -> None:
+        lengths = {name: array.shape[0] for name, array in zip(names, arrays, strict=True)}
+        if len(set(lengths.values())) != 1:
+            raise ValueError(
+                f"The row-aligned Dask arrays have different lengths {lengths}: every array on "
+                "the row axis must hold the same rows."
+            )
+        self.arrays = arrays
+        self.names = names
+        self.n_rows = int(next(iter(lengths.values())))
+        #: The process that read the arrays: the one whose Dask scheduler (a distributed
+        #: client's connection, a thread pool) computes them.
+        self.process = os.getpid()
+        self._stream = _ProposalStream(self)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # A copy starts its own stream; it is refused in another process (check_process).
+        return {key: self.__dict__[key] for key in ("arrays", "names", "n_rows", "process")}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._stream = _ProposalStream(self)
+
+    def check_process(self) -> None:
+        """Refuse to read the rows from another process than the one that built the step.
+
+        ``pm.sample(cores=2)`` forks (or spawns) one process per chain; Dask's scheduler of
+        the model's process (a ``distributed.Client``'s connection, its thread pools) does not
+        work there, and a computation would wait forever.
+        """
+        if os.getpid() != self.process:
+            raise RuntimeError(
+                f"The data {list(self.names)} are on Dask (pms.dask_data) and cannot be read "
+                "from a worker process of pm.sample: sample with cores=1. The chains then run "
+                "one after the other in this process, and the passes over every row still run "
+                "on every worker of the Dask cluster."
+            )
+
+    def fingerprint(self) -> tuple[str, ...]:
+        """Dask's names of the arrays: equal while the arrays are the same."""
+        return tuple(str(array.name) for array in self.arrays)
+
+    def proposals(self, rng: np.random.Generator, size: int) -> np.ndarray:
+        """Return the next ``size`` uniform row proposals of the stream (int64).
+
+        They are independent uniform draws over the rows, as ``rng.integers(0, N, size)``
+        would give; the stream draws them ahead from its own generator, seeded from ``rng``
+        at its first call and again whenever a different generator (a new chain's) asks.
+        """
+        self.check_process()
+        return self._stream.take(rng, size)
+
+    def gather(self, rows: np.ndarray) -> list[np.ndarray]:
+        """Return the data of ``rows`` (int64, any order, repeats allowed), one array each.
+
+        Rows of the stream's recent blocks are read from local memory; others are fetched
+        from the cluster now.
+        """
+        self.check_process()
+        rows = np.asarray(rows, dtype=np.int64)
+        found = self._stream.lookup(rows)
+        if found is not None:
+            return found
+        unique, inverse = np.unique(rows, return_inverse=True)
+        block = _Block(unique, unique, fetch_rows(self.arrays, unique))
+        self._stream.keep(block)
+        return [np.take(data, inverse, axis=0) for data in block.data]
+
+    def gather_range(self, rows: slice) -> list[np.ndarray]:
+        """Return the data of a range of rows, computed by Dask."""
+        import dask
+
+        self.check_process()
+        return [
+            aligned(np.asarray(block)) for block in dask.compute(*[a[rows] for a in self.arrays])
+        ]
+
+
+def fetch_rows(arrays: Sequence[Any], rows: np.ndarray) -> list[np.ndarray]:
+    """Compute the sorted, distinct ``rows`` of each Dask array (one graph for all of them)."""
+    import dask
+
+    return [
+        aligned(np.asarray(block)) for block in dask.compute(*[array[rows] for array in arrays])
+    ]
+
+
+class _Block:
+    """Fetched rows of the stream: the proposals in order, and their data by sorted row."""
+
+    __slots__ = ("data", "proposals", "sorted_rows")
+
+    def __init__(
+        self, proposals: np.ndarray, sorted_rows: np.ndarray, data: list[np.ndarray]
+    ) -> None:
+        self.proposals = proposals
+        self.sorted_rows = sorted_rows
+        self.data = data
+
+
+class _ProposalStream:
+    """Uniform row proposals drawn ahead, their rows fetched in a background thread."""
+
+    def __init__(self, rows: DaskRows) -> None:
+        self._rows = rows
+        self._owner: np.random.Generator | None = None
+        self._generator: np.random.Generator | None = None
+        self._pending: deque[Future[_Block]] = deque()
+        self._executor: ThreadPoolExecutor | None = None
+        self._current: _Block | None = None
+        self._position = 0
+        #: Blocks whose rows lookups find: the stream's latest and rows fetched on demand.
+        self._kept: deque[_Block] = deque()
+
+    def take(self, rng: np.random.Generator, size: int) -> np.ndarray:
+        if rng is not self._owner:
+            self._restart(rng)
+        pieces = []
+        while size > 0:
+            current = self._current
+            if current is None or self._position == current.proposals.size:
+                current = self._advance()
+            piece = current.proposals[self._position : self._position + size]
+            self._position += piece.size
+            size -= piece.size
+            pieces.append(piece)
+        return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
+
+    def lookup(self, rows: np.ndarray) -> list[np.ndarray] | None:
+        """Return the data of ``rows`` if the kept blocks hold all of them, else None."""
+        found: list[tuple[_Block, np.ndarray, np.ndarray]] = []
+        missing = np.ones(rows.size, dtype=bool)
+        for block in self._kept:
+            where = np.searchsorted(block.sorted_rows, rows)
+            np.minimum(where, block.sorted_rows.size - 1, out=where)
+            hit = missing & (block.sorted_rows[where] == rows)
+            if hit.any():
+                found.append((block, hit, where))
+                missing &= ~hit
+                if not missing.any():
+                    break
+        if missing.any():
+            return None
+        if len(found) == 1:
+            block, _, where = found[0]
+            return [np.take(data, where, axis=0) for data in block.data]
+        first = found[0][0].data
+        gathered = [np.empty((rows.size, *data.shape[1:]), data.dtype) for data in first]
+        for block, hit, where in found:
+            for out, data in zip(gathered, block.data, strict=True):
+                out[hit] = np.take(data, where[hit], axis=0)
+        return gathered
+
+    def keep(self, block: _Block) -> None:
+        """Keep a block's rows for lookups, newest first, dropping the oldest past KEPT_ROWS."""
+        self._kept.appendleft(block)
+        rows = sum(kept.sorted_rows.size for kept in self._kept)
+        while len(self._kept) > 1 and rows > KEPT_ROWS:
+            rows -= self._kept.pop().sorted_rows.size
+
+    def _restart(self, rng: np.random.Generator) -> None:
+        for future in self._pending:
+            future.cancel()
+        self._pending.clear()
+        self._owner = rng
+        self._generator = np.random.default_rng(rng.integers(0, 2**63 - 1))
+        self._current = None
+        self._position = 0
+
+    def _advance(self) -> _Block:
+        """Move to the next fetched block (waiting for it if need be); fetch more ahead."""
+        if self._current is None and not self._pending:
+            self._submit(FIRST_FETCH_ROWS)
+        while len(self._pending) < FETCH_AHEAD + 1:
+            self._submit(FETCH_ROWS)
+        block = self._pending.popleft().result()
+        self._current, self._position = block, 0
+        self.keep(block)
+        return block
+
+    def _submit(self, size: int) -> None:
+        assert self._generator is not None
+        proposals = self._generator.integers(0, self._rows.n_rows, size=size)
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(1, thread_name_prefix="pymc-subsample-fetch")
+        arrays = self._rows.arrays
+        self._pending.append(self._executor.submit(_fetched, arrays, proposals))
+
+
+def _fetched(arrays: Sequence[Any], proposals: np.ndarray) -> _Block:
+    sorted_rows = np.unique(proposals)
+    return _Block(proposals, sorted_rows, fetch_rows(arrays, sorted_rows))
