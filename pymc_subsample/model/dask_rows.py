@@ -36,6 +36,7 @@ __all__ = [
     "FIRST_FETCH_ROWS",
     "FETCH_AHEAD",
     "FETCH_ROWS",
+    "KEPT_BLOCKS",
     "KEPT_ROWS",
     "DaskRows",
     "dask_array_of",
@@ -55,6 +56,10 @@ FETCH_AHEAD = 2
 #: Rows kept for lookups (the stream's latest blocks, rows fetched on demand): the set-up's
 #: minibatches and line searches read their rows again, and a test may span blocks.
 KEPT_ROWS = 1 << 19
+
+#: Blocks kept for lookups at most: a lookup searches each (rows fetched on demand, one block
+#: per read, would otherwise pile up by the hundred).
+KEPT_BLOCKS = 16
 
 
 def dask_array_of(data: Variable) -> Any | None:
@@ -183,12 +188,40 @@ class DaskRows:
 
 
 def fetch_rows(arrays: Sequence[Any], rows: np.ndarray) -> list[np.ndarray]:
-    """Compute the sorted, distinct ``rows`` of each Dask array (one graph for all of them)."""
+    """Compute the sorted, distinct ``rows`` of each Dask array (one graph for all of them).
+
+    One task per chunk that holds some of the rows, taking them from the chunk where it is
+    (a worker's memory, or read from Zarr there): a graph of at most one task per chunk,
+    which Dask builds in milliseconds, where ``array[rows]`` built its general fancy-indexing
+    graph in 50-70 ms per block of 2^17 rows (1e7 rows in chunks of 2^22).
+    """
     import dask
 
-    return [
-        aligned(np.asarray(block)) for block in dask.compute(*[array[rows] for array in arrays])
-    ]
+    parts: list[list[Any]] = []
+    for array in arrays:
+        whole_rows = array.rechunk({axis: -1 for axis in range(1, array.ndim)})
+        bounds = np.cumsum((0, *whole_rows.chunks[0]))
+        edges = np.searchsorted(rows, bounds)
+        blocks = whole_rows.to_delayed().reshape(-1)
+        parts.append(
+            [
+                dask.delayed(np.take, pure=True)(block, rows[begin:end] - start, axis=0)
+                for block, start, begin, end in zip(
+                    blocks, bounds[:-1], edges[:-1], edges[1:], strict=True
+                )
+                if end > begin
+            ]
+        )
+    computed = dask.compute(*[piece for pieces in parts for piece in pieces])
+    fetched, position = [], 0
+    for array, pieces in zip(arrays, parts, strict=True):
+        taken = computed[position : position + len(pieces)]
+        position += len(pieces)
+        if not taken:
+            fetched.append(np.empty((0, *array.shape[1:]), dtype=array.dtype))
+        else:
+            fetched.append(np.concatenate([aligned(np.asarray(piece)) for piece in taken]))
+    return fetched
 
 
 class _Block:
@@ -258,10 +291,10 @@ class _ProposalStream:
         return gathered
 
     def keep(self, block: _Block) -> None:
-        """Keep a block's rows for lookups, newest first, dropping the oldest past KEPT_ROWS."""
+        """Keep a block's rows for lookups, newest first; drop the oldest past the limits."""
         self._kept.appendleft(block)
         rows = sum(kept.sorted_rows.size for kept in self._kept)
-        while len(self._kept) > 1 and rows > KEPT_ROWS:
+        while len(self._kept) > 1 and (rows > KEPT_ROWS or len(self._kept) > KEPT_BLOCKS):
             rows -= self._kept.pop().sorted_rows.size
 
     def _restart(self, rng: np.random.Generator) -> None:
