@@ -220,3 +220,14 @@ def test_the_data_on_dask_example_samples_on_a_local_cluster(tmp_path) -> None:
     assert draws.shape == (2, 400, data_on_dask.FEATURES)
     assert np.all(np.abs(draws.mean(axis=1) - true_beta) < 0.1)
     assert rows.mean() < 10_000
+
+
+def test_dask_arrays_of_different_lengths_are_refused_before_sampling() -> None:
+    X, y = linear_regression_data(5_000, seed=4)
+    with pm.Model() as model:
+        X_rows = pms.dask_data("X", da.from_array(X, chunks=(1_000, 3)))
+        y_rows = pms.dask_data("y", da.from_array(y[:-1], chunks=1_000))
+        beta = pm.Normal("beta", 0.0, 10.0, shape=3)
+        pm.Normal("obs", X_rows @ beta, 1.0, observed=y_rows)
+    with model, pytest.raises(ValueError, match=r"different lengths \{'y': 4999, 'X': 5000\}"):
+        pms.AusterityMH()

@@ -43,7 +43,8 @@ __all__ = [
     "dask_rows",
 ]
 
-#: Proposals in the stream's first block: small, so that the first draw waits little.
+#: Proposals in the stream's first block: small, so that the first draw waits little; the
+#: next blocks double in size up to ``FETCH_ROWS``.
 FIRST_FETCH_ROWS = 1 << 13
 
 #: Proposals per later block: a fetch of scattered rows costs a task per chunk of the array
@@ -248,6 +249,7 @@ class _ProposalStream:
         self._executor: ThreadPoolExecutor | None = None
         self._current: _Block | None = None
         self._position = 0
+        self._next_size = FIRST_FETCH_ROWS
         #: Blocks whose rows lookups find: the stream's latest and rows fetched on demand.
         self._kept: deque[_Block] = deque()
 
@@ -309,9 +311,12 @@ class _ProposalStream:
     def _advance(self) -> _Block:
         """Move to the next fetched block (waiting for it if need be); fetch more ahead."""
         if self._current is None and not self._pending:
-            self._submit(FIRST_FETCH_ROWS)
+            self._next_size = FIRST_FETCH_ROWS
         while len(self._pending) < FETCH_AHEAD + 1:
-            self._submit(FETCH_ROWS)
+            # Sizes double from the first block's: each next block is fetched while the
+            # draws read the smaller one before it.
+            self._submit(self._next_size)
+            self._next_size = min(2 * self._next_size, FETCH_ROWS)
         block = self._pending.popleft().result()
         self._current, self._position = block, 0
         self.keep(block)
