@@ -65,13 +65,12 @@ def sample_on_cluster(
             step = pms.AusterityMH()
             setup = time.perf_counter() - start
             start = time.perf_counter()
-            trace = pm.sample(
+            idata = pm.sample(
                 draws=draws, tune=tune, chains=chains, cores=1, step=step, random_seed=1,
-                return_inferencedata=False,
             )  # fmt: skip
             seconds = time.perf_counter() - start
-    draws_by_chain = np.stack(trace.get_values("beta", combine=False))
-    rows = np.concatenate(trace.get_sampler_stats("n_data", combine=False))
+    draws_by_chain = np.asarray(idata.posterior["beta"])
+    rows = np.asarray(idata.sample_stats["n_data"]).ravel()
     return draws_by_chain, rows, setup, seconds
 
 
