@@ -184,9 +184,8 @@ def _optimise(
         batch_sizes.append(n_used)
         # Start the next test at this batch size: the precision needed grows near the mode,
         # and starting smaller lets a chance pass on few rows throw the iterate away again.
-        far, on_dask = oracles.rows_far, oracles.rows_on_dask
         grown = max(size, n_used)
-        size = n_rows if _all_rows_pay(grown, n_rows, far, on_dask) else grown
+        size = n_rows if _all_rows_pay(grown, n_rows, oracles) else grown
         decrement = test.newton_decrement_sq
         last = curvature if n_used == n_rows else None
         if n_used == n_rows:
@@ -371,9 +370,7 @@ def _tested_update(
     size = min(first, n_rows)
     while True:
         if size == n_rows or (
-            chunks
-            and size == n_rows - sampler.n_taken
-            and (n_rows >= PARALLEL_ROWS or oracles.rows_on_dask)
+            chunks and size == n_rows - sampler.n_taken and oracles.passes_shared
         ):
             # Every row: read in place, range by range (no draw, no gather, no copy). From
             # PARALLEL_ROWS on, every row again rather than the rest of them: in place,
@@ -420,8 +417,7 @@ def _tested_update(
             used: Rows = slice(0, n_rows) if not chunks else np.concatenate(chunks)
             return used, test, curvature, sums
         # Double the batch, or take all rows once they pay.
-        pay = _all_rows_pay(n_used, n_rows, oracles.rows_far, oracles.rows_on_dask)
-        size = n_rows - n_used if pay else n_used
+        size = n_rows - n_used if _all_rows_pay(n_used, n_rows, oracles) else n_used
 
 
 class _NonFiniteDerivatives(FloatingPointError):
@@ -487,7 +483,7 @@ def _quadratic_decrement(d: int, n_rows: int) -> float:
     return float(d) if n_rows < PARALLEL_ROWS else max(float(d), float(np.sqrt(n_rows)))
 
 
-def _all_rows_pay(n_used: int, n_rows: int, far: bool = False, on_dask: bool = False) -> bool:
+def _all_rows_pay(n_used: int, n_rows: int, oracles: ModelOracles) -> bool:
     """Whether a batch that needs ``n_used`` rows or more should use all of them.
 
     From a quarter of the rows on, Newton on all of them costs at most 4x as much, converges
@@ -501,18 +497,18 @@ def _all_rows_pay(n_used: int, n_rows: int, far: bool = False, on_dask: bool = F
     minibatch iterations up to N / 16 rows took 20 s (sampled, gathered, scored, and read again
     by each halving of the line search), where from their ``_LARGEST_BATCH`` rows' point, a
     few sds from the mode, Newton on all rows converges in two or three passes of 4-5 s.
-    On rows far from the process (``far``: memory-mapped rows, ``model/mapped_pages.py``, or
-    rows on Dask, ``model/dask_rows.py``) a drawn row not in the page cache is a read from
-    the disk (50 us on this project's machine), where a streamed pass reads a row in 60-80
-    ns: minibatches stop at ``_LARGEST_MAPPED_BATCH`` rows. At N = 1e9
-    the minibatch iterations up to ``_LARGEST_BATCH`` rows took over 3 minutes. Rows on Dask
-    (``on_dask``) follow that rule at every N: a pass over all of them runs on the cluster,
-    and a minibatch's rows are kept in this process (``dask_rows.KEPT_ROWS``) only up to
-    about twice ``_LARGEST_MAPPED_BATCH`` rows.
+    On rows far from the process (``oracles.rows_far``: memory-mapped rows,
+    ``model/mapped_pages.py``, or rows on Dask, ``model/dask_rows.py``) a drawn row not in the
+    page cache is a read from the disk (50 us on this project's machine), where a streamed
+    pass reads a row in 60-80 ns: minibatches stop at ``_LARGEST_MAPPED_BATCH`` rows. At
+    N = 1e9 the minibatch iterations up to ``_LARGEST_BATCH`` rows took over 3 minutes. Rows
+    on Dask follow that rule at every N (``oracles.passes_shared``): a pass over all of them
+    runs on the cluster, and a minibatch's rows are kept in this process
+    (``dask_rows.KEPT_ROWS``) only up to about twice ``_LARGEST_MAPPED_BATCH`` rows.
     """
-    if n_rows < PARALLEL_ROWS and not on_dask:
+    if not oracles.passes_shared:
         return 4 * n_used >= n_rows
-    largest = _LARGEST_MAPPED_BATCH if far else _LARGEST_BATCH
+    largest = _LARGEST_MAPPED_BATCH if oracles.rows_far else _LARGEST_BATCH
     return 16 * n_used >= n_rows or n_used >= largest
 
 

@@ -24,7 +24,14 @@ import numpy as np
 
 from pymc_subsample.model.compiled import LazyFunction
 
-__all__ = ["PASS_PIECE_ROWS", "ShippedFunction", "aligned", "aligned_chunks", "summed_on_dask"]
+__all__ = [
+    "PASS_PIECE_ROWS",
+    "ShippedFunction",
+    "aligned",
+    "aligned_chunks",
+    "summed_on_dask",
+    "whole_rows",
+]
 
 #: Rows per call of the function inside a chunk's task: a call's temporaries (rows x d) stay
 #: small whatever the chunk's size.
@@ -85,12 +92,15 @@ def aligned(rows: np.ndarray) -> np.ndarray:
     return rows if rows.flags.aligned else np.array(rows)
 
 
+def whole_rows(array: Any) -> Any:
+    """Rechunk a Dask array to one chunk along every axis but the rows' (a no-op if it is)."""
+    return array.rechunk({axis: -1 for axis in range(1, array.ndim)})
+
+
 def aligned_chunks(arrays: Sequence[Any]) -> list[Any]:
     """Rechunk the arrays to the first one's row chunks, each chunk holding whole rows."""
     rows = arrays[0].chunks[0]
-    return [
-        array.rechunk({0: rows, **{axis: -1 for axis in range(1, array.ndim)}}) for array in arrays
-    ]
+    return [whole_rows(array).rechunk({0: rows}) for array in arrays]
 
 
 def summed_on_dask(

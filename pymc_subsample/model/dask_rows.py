@@ -30,7 +30,8 @@ import numpy as np
 from pytensor.compile.sharedvalue import SharedVariable
 from pytensor.graph.basic import Variable
 
-from pymc_subsample.model.dask_pass import aligned
+from pymc_subsample.model.compiled import LazyFunction
+from pymc_subsample.model.dask_pass import aligned, summed_on_dask, whole_rows
 
 __all__ = [
     "FIRST_FETCH_ROWS",
@@ -117,7 +118,8 @@ class DaskRows:
                 f"The row-aligned Dask arrays have different lengths {lengths}: every array on "
                 "the row axis must hold the same rows."
             )
-        self.arrays = arrays
+        # Each chunk holds whole rows (one chunk along every other axis), once for all reads.
+        self.arrays = tuple(whole_rows(array) for array in arrays)
         self.names = names
         self.n_rows = int(next(iter(lengths.values())))
         #: The process that read the arrays: the one whose Dask scheduler (a distributed
@@ -148,10 +150,6 @@ class DaskRows:
                 "on every worker of the Dask cluster."
             )
 
-    def fingerprint(self) -> tuple[str, ...]:
-        """Dask's names of the arrays: equal while the arrays are the same."""
-        return tuple(str(array.name) for array in self.arrays)
-
     def proposals(self, rng: np.random.Generator, size: int) -> np.ndarray:
         """Return the next ``size`` uniform row proposals of the stream (int64).
 
@@ -161,6 +159,13 @@ class DaskRows:
         """
         self.check_process()
         return self._stream.take(rng, size)
+
+    def summed(
+        self, function: LazyFunction, leading: Sequence[np.ndarray]
+    ) -> tuple[list[np.ndarray], int]:
+        """Sum ``function(*leading, *rows)`` over every row on Dask (:func:`summed_on_dask`)."""
+        self.check_process()
+        return summed_on_dask(function, leading, self.arrays)
 
     def gather(self, rows: np.ndarray) -> list[np.ndarray]:
         """Return the data of ``rows`` (int64, any order, repeats allowed), one array each.
@@ -191,6 +196,8 @@ class DaskRows:
 def fetch_rows(arrays: Sequence[Any], rows: np.ndarray) -> list[np.ndarray]:
     """Compute the sorted, distinct ``rows`` of each Dask array (one graph for all of them).
 
+    Each array's chunks hold whole rows (:func:`whole_rows`).
+
     One task per chunk that holds some of the rows, taking them from the chunk where it is
     (a worker's memory, or read from Zarr there): a graph of at most one task per chunk,
     which Dask builds in milliseconds, where ``array[rows]`` built its general fancy-indexing
@@ -200,10 +207,9 @@ def fetch_rows(arrays: Sequence[Any], rows: np.ndarray) -> list[np.ndarray]:
 
     parts: list[list[Any]] = []
     for array in arrays:
-        whole_rows = array.rechunk({axis: -1 for axis in range(1, array.ndim)})
-        bounds = np.cumsum((0, *whole_rows.chunks[0]))
+        bounds = np.cumsum((0, *array.chunks[0]))
         edges = np.searchsorted(rows, bounds)
-        blocks = whole_rows.to_delayed().reshape(-1)
+        blocks = array.to_delayed().reshape(-1)
         parts.append(
             [
                 dask.delayed(np.take, pure=True)(block, rows[begin:end] - start, axis=0)

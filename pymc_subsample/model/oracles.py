@@ -22,7 +22,6 @@ from pytensor.tensor.variable import TensorVariable
 
 from pymc_subsample.model.checks import check_continuous
 from pymc_subsample.model.compiled import LazyFunction, NumbaKernel, collection_paused
-from pymc_subsample.model.dask_pass import summed_on_dask
 from pymc_subsample.model.functions import ModelFunctions, initial_q, model_functions
 from pymc_subsample.model.identification import warn_if_unidentified
 from pymc_subsample.model.likelihood_space import LikelihoodSpace
@@ -163,6 +162,16 @@ class ModelOracles:
     def rows_far(self) -> bool:
         """Whether a scattered row costs far more than a row of a pass (a map, or Dask)."""
         return bool(self.pages) or self.rows_on_dask
+
+    @property
+    def passes_shared(self) -> bool:
+        """Whether a pass over every row is shared: among the cores, or on the Dask cluster.
+
+        From ``PARALLEL_ROWS`` rows (``parallel_pass.py``), or whatever N with the rows on
+        Dask (``dask_pass.py``): such a pass reads the rows in place, so every row costs less
+        than the rest of them listed, or a large minibatch drawn and gathered.
+        """
+        return self.n_rows >= PARALLEL_ROWS or self.rows_on_dask
 
     def row_proposals(self) -> Callable[[np.random.Generator, int], np.ndarray] | None:
         """Return the row samplers' proposals where drawn ahead (data on Dask), else None."""
@@ -326,9 +335,8 @@ class ModelOracles:
             prior_gradient = self.log_prior_grad
 
             def exact_on_dask(q: np.ndarray) -> np.ndarray:
-                on_dask.check_process()
                 # Each call adds the prior's gradient to its rows': keep it once.
-                (total,), calls = summed_on_dask(function, [q, factor], on_dask.arrays)
+                (total,), calls = on_dask.summed(function, [q, factor])
                 return total - (calls - 1) * prior_gradient(q)
 
             return exact_on_dask
@@ -479,7 +487,7 @@ class ModelOracles:
             )
         if (
             with_hessian
-            and (self.n_rows >= PARALLEL_ROWS or self.rows_on_dask)
+            and self.passes_shared
             and isinstance(idx, slice)
             and row_count(idx, self.n_rows) == self.n_rows
         ):
@@ -565,17 +573,12 @@ class ModelOracles:
         self, function: LazyFunction, q: np.ndarray, chunk_size: int = PASS_CHUNK
     ) -> list[np.ndarray] | None:
         """Sum ``function(q, rows)`` over every row: on Dask, on the cores, or None (serial)."""
-        if self.rows_on_dask:
-            return self._tracker_dask_sums(function, q)
+        on_dask = self._tracker.dask
+        if on_dask is not None:
+            return on_dask.summed(function, [np.asarray(q, dtype="float64")])[0]
         return summed_over_ranges(
             function, [q], self.row_arrays(), self.n_rows, chunk_size, self.pages
         )
-
-    def _tracker_dask_sums(self, function: LazyFunction, q: np.ndarray) -> list[np.ndarray]:
-        rows = self._tracker.dask
-        assert rows is not None
-        rows.check_process()
-        return summed_on_dask(function, [np.asarray(q, dtype="float64")], rows.arrays)[0]
 
     def _gather(self, idx: Rows) -> list[np.ndarray]:
         on_dask = self._data.dask if self._data is not None else None

@@ -72,8 +72,6 @@ class DataTracker:
     @property
     def pages(self) -> MappedRows:
         """The memory maps under the row data, advised as rows are read (``mapped_pages.py``)."""
-        if self._pages is None and self.dask is not None:
-            self._pages = mapped_rows([])
         if self._pages is None:
             self._pages = mapped_rows([data_value(data) for data in self.row_data])
         return self._pages
