@@ -42,6 +42,7 @@ from pymc_subsample.model.graphs import (
     search_graph,
     sums_graph,
 )
+from pymc_subsample.model.group_effects import GroupEffectFunctions, group_effect_functions
 from pymc_subsample.model.grouped_sums import GroupedSums, grouped_sums
 from pymc_subsample.model.identification import (
     flat_prior_coordinates,
@@ -110,6 +111,9 @@ class ModelFunctions:
     #: values); None where the rows read no table of parameters by a group index.
     grouped_search: Callable[[], GroupedSums | None]
     grouped_sums: Callable[[], GroupedSums | None]
+    #: What a per-group update of the step's variables reads (``group_effects.py``), or why
+    #: their conditional posterior does not factorise over groups.
+    group_effects: Callable[[], GroupEffectFunctions | str]
     #: Reference points found on these functions, by data, start and settings (reference.py).
     references: dict[tuple[Any, ...], Any] = field(default_factory=dict)
 
@@ -213,7 +217,61 @@ def model_functions(
         likelihood_space=_OnFirstCall(partial(space, q0)),
         grouped_search=_OnFirstCall(partial(grouped_sums, rows_q, q, row_inputs, q0, kwargs)),
         grouped_sums=_OnFirstCall(partial(grouped_sums, rows_ref, q_ref, row_inputs, q0, kwargs)),
+        group_effects=_OnFirstCall(
+            partial(
+                _group_effects,
+                model,
+                vars,
+                shared,
+                initial_point,
+                rows_q,
+                q,
+                row_inputs,
+                prior_q,
+                frozen,
+                q0,
+                kwargs,
+            )
+        ),
     )
+
+
+def _group_effects(
+    model: Model,
+    vars: Sequence[TensorVariable],
+    shared: dict[Variable, Variable],
+    initial_point: dict[str, np.ndarray],
+    rows_q: TensorVariable,
+    q: TensorVariable,
+    row_inputs: list[TensorVariable],
+    prior_q: TensorVariable,
+    frozen: tuple[tuple[SharedVariable, SharedVariable], ...],
+    q0: np.ndarray,
+    kwargs: dict[str, Any],
+) -> GroupEffectFunctions | str:
+    """Build the group-effect functions (``group_effects.py``) with the step's prior terms."""
+    terms = _step_prior_terms(model, vars, shared, q, initial_point)
+    layout = [(str(v.name), tuple(np.shape(initial_point[str(v.name)]))) for v in vars]
+    return group_effect_functions(rows_q, q, row_inputs, terms, prior_q, layout, frozen, q0, kwargs)
+
+
+def _step_prior_terms(
+    model: Model,
+    vars: Sequence[TensorVariable],
+    shared: dict[Variable, Variable],
+    q: TensorVariable,
+    initial_point: dict[str, np.ndarray],
+) -> list[TensorVariable]:
+    """Each step variable's elementwise log-density (with its Jacobian) as a graph of ``q``."""
+    terms = model.logp(vars=[model.values_to_rvs[v] for v in vars], sum=False)
+    replace: dict[Variable, Variable] = dict(shared)
+    start = 0
+    for value in vars:
+        shape = tuple(np.shape(initial_point[str(value.name)]))
+        size = int(np.prod(shape, dtype=int))
+        replace[value] = q[start : start + size].reshape(shape).astype(value.dtype)
+        start += size
+    return cast(list[TensorVariable], clone_replace(terms, replace=replace))
 
 
 class _OnFirstCall:

@@ -23,6 +23,7 @@ from pytensor.tensor.variable import TensorVariable
 from pymc_subsample.model.checks import check_continuous
 from pymc_subsample.model.compiled import LazyFunction, NumbaKernel, collection_paused
 from pymc_subsample.model.functions import ModelFunctions, initial_q, model_functions
+from pymc_subsample.model.group_effects import GroupEffectFunctions
 from pymc_subsample.model.identification import warn_if_unidentified
 from pymc_subsample.model.likelihood_space import LikelihoodSpace
 from pymc_subsample.model.mapped_pages import MappedRows, gather_from_maps
@@ -242,6 +243,17 @@ class ModelOracles:
             return None
         chunks = (self._gather(rows) for rows in row_chunks(self.n_rows, chunk_size))
         return grouped.row_groups(chunks)
+
+    def rows_at(self, idx: Rows) -> list[np.ndarray]:
+        """Return the arrays of the rows ``idx`` (int64 indices or a slice) the functions read."""
+        return self._gather(idx)
+
+    def group_effects(self) -> GroupEffectFunctions | str:
+        """Return what a per-group update of the step's variables reads, or why there is none.
+
+        Built at the first call (``model/group_effects.py``).
+        """
+        return self._functions.group_effects()
 
     def log_prior(self, q: np.ndarray) -> float:
         """Free-variable log-densities with Jacobians, Potentials, and off-row observed terms."""

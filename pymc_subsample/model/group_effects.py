@@ -1,0 +1,509 @@
+"""A hierarchy's group effects: the structure that lets each group be updated on its own rows.
+
+Where the rows read the step's variables only through group tables (``effect[group_index]``,
+``model/grouped_rows.py``) and each variable's prior factorises over its leading (group)
+axis, the conditional posterior of the step's variables given every other model variable is a
+product over groups: group g's effects ``x_g`` read only group g's rows and their own prior
+terms,
+
+    log pi(x_g | rest) = log p(x_g | hyperparameters) + sum_{i in g} F(T(x)[g_i], row_i).
+
+:func:`group_effect_functions` checks that structure on the model's graphs (and numerically, by
+moving half the groups' effects and watching which tables and prior terms change) and compiles
+what a per-group update reads (``kernels/group_effects.py``; ``docs/architecture.md``, "Group
+effects"):
+
+- ``parts``, data-free, per grouping factor: each group's prior term, its gradient and Hessian
+  block in ``x_g``, the factor's cells ``T(x)[g]`` and their Jacobian block in ``x_g`` (one
+  forward-mode pass per coordinate of a group: every group's j-th coordinate moves at once,
+  which is exact because no cell or prior term reads two groups);
+- ``change``, per row, the log-likelihood's difference between two sets of tables, with the
+  other model variables read live;
+- ``residual``, per factor and row, that difference less the difference of the row's
+  second-order Taylor proxy in the factor's cells around the reference tables, the other
+  variables frozen at the reference (the control variate, ``docs/control_variates.md``): one
+  call reads the rows' groups, their cells and both terms;
+- ``derivatives``, per row, the first and second derivatives in the cells at the reference, for
+  the exact sums of the proxies over each group.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import partial
+from typing import Any, NamedTuple, cast
+
+import numpy as np
+import pytensor
+import pytensor.tensor as pt
+from pytensor.gradient import disconnected_grad
+from pytensor.graph.basic import Variable
+from pytensor.graph.replace import clone_replace
+from pytensor.graph.traversal import ancestors
+from pytensor.tensor.variable import TensorVariable
+
+from pymc_subsample.model.compiled import LazyFunction
+from pymc_subsample.model.gradients import _pushforward
+from pymc_subsample.model.grouped_rows import (
+    GroupedRows,
+    find_grouped_rows,
+    index_graph,
+    per_row_derivatives_graph,
+)
+
+__all__ = ["GroupFactor", "GroupEffectFunctions", "group_effect_functions"]
+
+
+class GroupFactor(NamedTuple):
+    """One grouping factor: the tables read by one group index, and the effects behind them.
+
+    Attributes
+    ----------
+    gathers : tuple of int
+        The factor's gathers (positions in ``GroupedRows.gathers``), all indexed alike.
+    n_groups : int
+    coordinates : ndarray
+        ``(n_groups, k)`` int64: group g's effects are ``q[coordinates[g]]``.
+    cell_columns : ndarray
+        The factor's cells among a row's cell entries (positions in the concatenation of every
+        gather's cell, the ``psi`` layout of ``per_row_derivatives_graph`` without direct
+        coordinates).
+    """
+
+    gathers: tuple[int, ...]
+    n_groups: int
+    coordinates: np.ndarray
+    cell_columns: np.ndarray
+
+    @property
+    def size(self) -> int:
+        """``k``: the effects of one group."""
+        return int(self.coordinates.shape[1])
+
+    @property
+    def cell_size(self) -> int:
+        """``c``: the cells of one group."""
+        return int(self.cell_columns.size)
+
+
+class GroupEffectFunctions(NamedTuple):
+    """What a per-group update reads, each function compiled at its first call."""
+
+    factors: tuple[GroupFactor, ...]
+    #: Coordinates of the step's variables that no row reads (a centred hierarchy's
+    #: hyperparameters): their conditional given the rest is the prior's.
+    free_coordinates: np.ndarray
+    #: ``q -> (prior (G,), gradient (G, k), hessian (G, k, k), cells (G, c), jacobian (G, c, k),
+    #: *tables)`` per factor; tables are every gather's ``(G_k, c_k)``.
+    parts: tuple[LazyFunction, ...]
+    #: ``(q, *old_tables, *new_tables, *rows) -> l_i``, at the live values of the others.
+    change: LazyFunction
+    #: Per factor, ``(q, *old_tables, *new_tables, *reference_tables, *rows) -> l_i - t_i``.
+    residual: tuple[LazyFunction, ...]
+    #: ``(q, *cells, *rows) -> (F_i, dF_i/dcells, d2F_i/dcells2, _)`` at the frozen values.
+    derivatives: LazyFunction
+    #: ``rows -> each gather's group index``.
+    indices: LazyFunction
+    cell_shapes: tuple[tuple[int, ...], ...]
+    cell_dtypes: tuple[str, ...]
+
+
+def group_effect_functions(
+    rows_q: TensorVariable,
+    q: TensorVariable,
+    row_inputs: Sequence[TensorVariable],
+    prior_terms: Sequence[TensorVariable],
+    prior_q: TensorVariable,
+    var_layout: Sequence[tuple[str, tuple[int, ...]]],
+    frozen: Sequence[tuple[Variable, Variable]],
+    q0: np.ndarray,
+    compile_kwargs: dict[str, Any],
+) -> GroupEffectFunctions | str:
+    """Check the group structure of a step's variables and build its functions.
+
+    Parameters
+    ----------
+    rows_q : TensorVariable
+        Per-row log-likelihood, a graph of ``q`` and the row placeholders (other variables live).
+    q : TensorVariable
+        The step's raveled variables.
+    row_inputs : sequence of TensorVariable
+        The row placeholders.
+    prior_terms : sequence of TensorVariable
+        Each step variable's elementwise log-density (with its transform's Jacobian), a graph
+        of ``q``, in the order of ``var_layout``.
+    prior_q : TensorVariable
+        The whole prior (every free variable, potential and off-row term) as a graph of ``q``.
+    var_layout : sequence of (name, shape)
+        The step's variables in ``q``'s order.
+    frozen : sequence of (live, frozen) shared variables
+        The other variables' live values and the copies frozen at the reference.
+    q0 : ndarray
+        A point, where shapes and the structure are checked.
+    compile_kwargs : dict
+        Passed to PyTensor's compiler.
+
+    Returns
+    -------
+    GroupEffectFunctions, or str
+        The functions, or why the structure does not hold, in the user's words.
+    """
+    grouped = find_grouped_rows(rows_q, q, row_inputs, q0)
+    if grouped is None:
+        return "no row reads them through a group index (effect[group_index])"
+    if grouped.direct.size:
+        return (
+            "the likelihood reads some of them directly, not only through a group index "
+            "(a coefficient shared by every row)"
+        )
+    factors = _factors(grouped, var_layout, q0)
+    if isinstance(factors, str):
+        return factors
+    grouped_coordinates = np.concatenate([f.coordinates.ravel() for f in factors])
+    free = np.setdiff1d(np.arange(q0.size), grouped_coordinates).astype("int64")
+    tables = [gather.table for gather in grouped.gathers]
+    probe = pytensor.function(
+        [q], [*prior_terms, prior_q, *tables], mode="FAST_COMPILE", on_unused_input="ignore"
+    )
+    problem = _check_separable(probe, factors, var_layout, free, len(prior_terms), q0)
+    if problem:
+        return problem
+    frozen_rows = cast(
+        TensorVariable,
+        clone_replace(grouped.rows_logp, replace=dict(frozen), rebuild_strict=False),
+    )
+    cells = [gather.cell for gather in grouped.gathers]
+    return GroupEffectFunctions(
+        factors=factors,
+        free_coordinates=free,
+        parts=tuple(
+            LazyFunction(partial(_parts_graph, grouped, prior_terms, var_layout, f), compile_kwargs)
+            for f in factors
+        ),
+        change=LazyFunction(partial(_change_graph, grouped), compile_kwargs),
+        residual=tuple(
+            LazyFunction(partial(_residual_graph, grouped, frozen_rows, f), compile_kwargs)
+            for f in factors
+        ),
+        derivatives=LazyFunction(
+            partial(per_row_derivatives_graph, grouped._replace(rows_logp=frozen_rows)),
+            compile_kwargs,
+        ),
+        indices=LazyFunction(partial(index_graph, grouped), compile_kwargs),
+        cell_shapes=tuple(tuple(int(d) for d in c.type.shape[1:]) for c in cells),
+        cell_dtypes=tuple(str(c.dtype) for c in cells),
+    )
+
+
+def _table_inputs(grouped: GroupedRows, name: str) -> list[TensorVariable]:
+    """One float64 ``(n_groups, cell_size)`` input per gather (the ``parts`` tables' layout)."""
+    return [
+        pt.matrix(f"{name}_{k}", dtype="float64", shape=(gather.n_groups, gather.cell_size))
+        for k, gather in enumerate(grouped.gathers)
+    ]
+
+
+def _row_cells(grouped: GroupedRows, tables: Sequence[TensorVariable]) -> list[TensorVariable]:
+    """Each row's cell of every gather, read from the tables by the rows' group indices."""
+    cells = []
+    for gather, table in zip(grouped.gathers, tables, strict=True):
+        index = pt.cast(gather.group_index, "int64")
+        cell = table[index].reshape((index.shape[0], *gather.cell.type.shape[1:]))
+        cells.append(pt.cast(cell, gather.cell.dtype))
+    return cells
+
+
+def _at_cells(
+    rows_logp: TensorVariable, grouped: GroupedRows, cells: Sequence[TensorVariable]
+) -> TensorVariable:
+    replace: dict[Variable, Variable] = {
+        gather.cell: cell for gather, cell in zip(grouped.gathers, cells, strict=True)
+    }
+    return cast(TensorVariable, clone_replace(rows_logp, replace=replace, rebuild_strict=False))
+
+
+def _change_graph(grouped: GroupedRows) -> tuple[list[Variable], Variable]:
+    """Build ``l_i = F_i(new cells) - F_i(old cells)`` from the tables and the rows."""
+    old, new = _table_inputs(grouped, "old"), _table_inputs(grouped, "new")
+    rows = grouped.rows_logp
+    change = _at_cells(rows, grouped, _row_cells(grouped, new)) - _at_cells(
+        rows, grouped, _row_cells(grouped, old)
+    )
+    return [grouped.vector, *old, *new, *grouped.row_inputs], change
+
+
+def _residual_graph(
+    grouped: GroupedRows, frozen_rows: TensorVariable, factor: GroupFactor
+) -> tuple[list[Variable], Variable]:
+    """Build ``l_i - t_i``: the change less its second-order proxy in the factor's cells.
+
+    With ``a_i``, ``b_i`` the old and new cells' offsets from the reference cells (zero in the
+    other factors' cells) and ``g_i``, ``H_i`` the row's gradient and Hessian in its cells at
+    the reference, ``t_i = g_i . (b_i - a_i) + (b_i . H_i b_i - a_i . H_i a_i) / 2``. A row's
+    cells reach no other row, so ``g_i`` is the gradient of the rows' sum, and ``H_i v_i`` the
+    gradient of ``sum_i g_i . v_i`` with ``v_i`` held fixed (reverse over reverse, as in
+    ``per_row_derivatives_graph``).
+    """
+    old, new = _table_inputs(grouped, "old"), _table_inputs(grouped, "new")
+    reference = _table_inputs(grouped, "reference")
+    rows = grouped.rows_logp
+    old_cells, new_cells = _row_cells(grouped, old), _row_cells(grouped, new)
+    reference_cells = _row_cells(grouped, reference)
+    change = _at_cells(rows, grouped, new_cells) - _at_cells(rows, grouped, old_cells)
+    # Derivatives are taken at placeholders for the reference cells, which are put in after.
+    points = [
+        pt.tensor(f"point_{k}", dtype="float64", shape=(None, *gather.cell.type.shape[1:]))
+        for k, gather in enumerate(grouped.gathers)
+    ]
+    at_reference = _at_cells(
+        frozen_rows,
+        grouped,
+        [pt.cast(p, c.dtype) for p, c in zip(points, reference_cells, strict=True)],
+    )
+    gradients = cast(
+        list[Variable], pytensor.grad(at_reference.sum(), points, disconnected_inputs="ignore")
+    )
+    ours = set(factor.gathers)
+    offsets_old, offsets_new = [], []
+    for k in range(len(grouped.gathers)):
+        if k in ours:
+            offsets_old.append(pt.cast(old_cells[k], "float64") - points[k])
+            offsets_new.append(pt.cast(new_cells[k], "float64") - points[k])
+        else:
+            offsets_old.append(pt.zeros_like(points[k]))
+            offsets_new.append(pt.zeros_like(points[k]))
+    n_rows = change.shape[0]
+
+    def per_row(products: Sequence[Any]) -> TensorVariable:
+        total = pt.zeros((n_rows,), dtype="float64")
+        for product in products:
+            total = total + product.reshape((n_rows, -1)).sum(axis=1)
+        return total
+
+    def curvature(offsets: Sequence[Any]) -> TensorVariable:
+        fixed = [disconnected_grad(v) for v in offsets]
+        pushed = sum(
+            ((pt.as_tensor(g) * v).sum() for g, v in zip(gradients, fixed, strict=True)),
+            pt.constant(0.0, dtype="float64"),
+        )
+        products = cast(list[Variable], pytensor.grad(pushed, points, disconnected_inputs="ignore"))
+        return per_row([pt.as_tensor(h) * v for h, v in zip(products, offsets, strict=True)])
+
+    first = per_row(
+        [
+            pt.as_tensor(g) * (b - a)
+            for g, a, b in zip(gradients, offsets_old, offsets_new, strict=True)
+        ]
+    )
+    proxy = first + 0.5 * (curvature(offsets_new) - curvature(offsets_old))
+    proxy = cast(
+        TensorVariable,
+        clone_replace(
+            proxy,
+            replace=cast(
+                dict[Variable, Variable],
+                {p: pt.cast(c, "float64") for p, c in zip(points, reference_cells, strict=True)},
+            ),
+            rebuild_strict=False,
+        ),
+    )
+    inputs: list[Variable] = [grouped.vector, *old, *new, *reference, *grouped.row_inputs]
+    return inputs, change - proxy
+
+
+def _offsets(var_layout: Sequence[tuple[str, tuple[int, ...]]]) -> list[int]:
+    sizes = [int(np.prod(shape, dtype=int)) for _, shape in var_layout]
+    return [int(x) for x in np.concatenate([[0], np.cumsum(sizes)])[:-1]]
+
+
+def _factors(
+    grouped: GroupedRows, var_layout: Sequence[tuple[str, tuple[int, ...]]], q0: np.ndarray
+) -> tuple[GroupFactor, ...] | str:
+    """Group the gathers by their index and give each step variable to one factor."""
+    by_index: dict[Variable, list[int]] = {}
+    for k, gather in enumerate(grouped.gathers):
+        by_index.setdefault(gather.group_index, []).append(k)
+    offsets = _offsets(var_layout)
+    cell_starts = np.concatenate([[0], np.cumsum([g.cell_size for g in grouped.gathers])])
+    q = grouped.vector
+    # Which step variables each gather's table reads: through q's slices (join_nonshared_inputs).
+    reads = [_variables_read(gather.table, q, var_layout, q0) for gather in grouped.gathers]
+    owner: dict[int, int] = {}
+    factor_gathers = list(by_index.values())
+    for f, gathers in enumerate(factor_gathers):
+        for k in gathers:
+            for v in reads[k]:
+                if owner.setdefault(v, f) != f:
+                    return (
+                        f"{var_layout[v][0]!r} is read through two different group indices; "
+                        "give each grouping factor its own variables"
+                    )
+    factors = []
+    for f, gathers in enumerate(factor_gathers):
+        n_groups = grouped.gathers[gathers[0]].n_groups
+        own = [v for v in range(len(var_layout)) if owner.get(v) == f]
+        if not own:
+            continue
+        columns = []
+        for v in own:
+            name, shape = var_layout[v]
+            if not shape or shape[0] != n_groups:
+                return (
+                    f"{name!r} (shape {shape}) is read through a group index of {n_groups} "
+                    f"groups but its first axis is not the groups' axis"
+                )
+            inner = int(np.prod(shape[1:], dtype=int))
+            base = offsets[v] + inner * np.arange(n_groups)[:, None]
+            columns.append(base + np.arange(inner)[None, :])
+        cell_columns = np.concatenate(
+            [np.arange(cell_starts[k], cell_starts[k + 1]) for k in gathers]
+        )
+        factors.append(
+            GroupFactor(
+                gathers=tuple(gathers),
+                n_groups=n_groups,
+                coordinates=np.concatenate(columns, axis=1).astype("int64"),
+                cell_columns=cell_columns.astype("int64"),
+            )
+        )
+    if not factors:
+        return "no group table reads them"
+    return tuple(factors)
+
+
+def _variables_read(
+    table: TensorVariable,
+    q: TensorVariable,
+    var_layout: Sequence[tuple[str, tuple[int, ...]]],
+    q0: np.ndarray,
+) -> list[int]:
+    """Step variables a table depends on, by moving each variable's slice of ``q``."""
+    if q not in set(ancestors([table])):
+        return []
+    function = pytensor.function([q], table, mode="FAST_COMPILE", on_unused_input="ignore")
+    base = np.asarray(function(q0))
+    read = []
+    rng = np.random.default_rng(0)
+    for v, start in enumerate(_offsets(var_layout)):
+        size = int(np.prod(var_layout[v][1], dtype=int))
+        moved = q0.copy()
+        moved[start : start + size] += rng.uniform(0.1, 0.2, size=size)
+        if not np.array_equal(np.asarray(function(moved)), base):
+            read.append(v)
+    return read
+
+
+def _check_separable(
+    probe: Any,
+    factors: tuple[GroupFactor, ...],
+    var_layout: Sequence[tuple[str, tuple[int, ...]]],
+    free: np.ndarray,
+    n_terms: int,
+    q0: np.ndarray,
+) -> str:
+    """Move half of each factor's groups: only their tables' rows and prior terms may change."""
+    rng = np.random.default_rng(1)
+    base = [np.asarray(x) for x in probe(q0)]
+    terms, prior, tables = base[:n_terms], float(base[n_terms]), base[n_terms + 1 :]
+    own_total = sum(float(np.sum(t)) for t in terms)
+    for factor in factors:
+        for _ in range(2):
+            moved_groups = rng.random(factor.n_groups) < 0.5
+            if not moved_groups.any():
+                moved_groups[0] = True
+            moved = q0.copy()
+            moved[factor.coordinates[moved_groups].ravel()] += rng.uniform(
+                0.05, 0.15, size=int(moved_groups.sum()) * factor.size
+            )
+            after = [np.asarray(x) for x in probe(moved)]
+            for k in factor.gathers:
+                changed = np.any(
+                    (after[n_terms + 1 + k] != tables[k]).reshape(factor.n_groups, -1), axis=1
+                )
+                if np.any(changed & ~moved_groups):
+                    return (
+                        "a group's parameters depend on another group's effects (the table "
+                        "read by the group index mixes groups)"
+                    )
+            for before_term, after_term in zip(terms, after[:n_terms], strict=True):
+                if before_term.ndim == 0 or before_term.shape[0] != factor.n_groups:
+                    continue
+                changed = np.any((after_term != before_term).reshape(factor.n_groups, -1), axis=1)
+                if np.any(changed & ~moved_groups):
+                    return (
+                        "the prior of a group's effects reads another group's (a distribution "
+                        "across groups, such as a multivariate normal over the groups' axis)"
+                    )
+            new_total = sum(float(np.sum(t)) for t in after[:n_terms])
+            if not np.isclose(
+                float(after[n_terms]) - new_total, prior - own_total, rtol=1e-9, atol=1e-8
+            ):
+                return (
+                    "another variable's prior depends on them (they are the parameters of a "
+                    "further variable or a Potential), so groups are not independent given "
+                    "the rest"
+                )
+    starts = _offsets(var_layout)
+    for (name, shape), term, start in zip(var_layout, terms, starts, strict=True):
+        if start in set(free.tolist()) or not shape:
+            continue
+        if term.ndim == 0 or term.shape[0] != shape[0]:
+            return (
+                f"the prior of {name!r} does not factorise over its groups (its log-density "
+                "is not one term per group, e.g. a multivariate distribution across groups)"
+            )
+    return ""
+
+
+def _parts_graph(
+    grouped: GroupedRows,
+    prior_terms: Sequence[TensorVariable],
+    var_layout: Sequence[tuple[str, tuple[int, ...]]],
+    factor: GroupFactor,
+) -> tuple[list[Variable], list[Variable]]:
+    """Build one factor's data-free parts (the module docstring's ``parts``)."""
+    q = grouped.vector
+    n_groups, k = factor.n_groups, factor.size
+    owned = {
+        int(np.searchsorted(_offsets(var_layout), c, side="right") - 1)
+        for c in factor.coordinates[0]
+    }
+    per_group = pt.zeros((n_groups,), dtype="float64")
+    for v in sorted(owned):
+        term = pt.cast(prior_terms[v], "float64")
+        per_group = per_group + (
+            term.reshape((n_groups, -1)).sum(axis=1) if term.ndim > 1 else term
+        )
+    total = per_group.sum()
+    gradient = cast(TensorVariable, pytensor.grad(total, q, disconnected_inputs="ignore"))
+    coordinates = pt.constant(factor.coordinates)
+    cells = pt.concatenate(
+        [
+            pt.cast(grouped.gathers[g].table, "float64").reshape((n_groups, -1))
+            for g in factor.gathers
+        ],
+        axis=1,
+    )
+    hessian_columns, jacobian_columns = [], []
+    length = int(cast(Any, q.type).shape[0])
+    for j in range(k):
+        comb = np.zeros(length)
+        comb[factor.coordinates[:, j]] = 1.0
+        direction = pt.constant(comb)
+        hessian_columns.append(
+            cast(TensorVariable, _pushforward(gradient, q, direction))[coordinates]
+        )
+        jacobian_columns.append(_pushforward(cells, q, direction))
+    tables = [
+        pt.cast(gather.table, "float64").reshape((gather.n_groups, -1))
+        for gather in grouped.gathers
+    ]
+    outputs: list[Variable] = [
+        per_group,
+        gradient[coordinates],
+        pt.stack(hessian_columns, axis=2),
+        cells,
+        pt.stack(jacobian_columns, axis=2),
+        *tables,
+    ]
+    return [q], outputs

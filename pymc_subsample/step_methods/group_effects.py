@@ -1,0 +1,371 @@
+"""GroupEffectsMH: a hierarchy's group effects, each group tested on its own rows."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import partial
+from typing import Any, ClassVar
+
+import numpy as np
+import pymc as pm
+from pymc.blocking import RaveledVars
+from pymc.step_methods.compound import StepMethodState
+from pymc.step_methods.state import dataclass_state
+from pymc.util import RandomGenerator
+from pytensor.tensor.variable import TensorVariable
+
+from pymc_subsample.kernels.group_effects import (
+    GroupParts,
+    GroupQuadratic,
+    GroupRows,
+    GroupSweepInfo,
+    group_effects_sweep,
+    group_rows,
+    model_derivatives,
+    newton_gaussian,
+)
+from pymc_subsample.kernels.prior_hmc import PriorHamiltonian, PriorHMCInfo
+from pymc_subsample.model.group_effects import GroupEffectFunctions, GroupFactor
+from pymc_subsample.model.row_data import row_chunks
+from pymc_subsample.step_methods.acceptance_tests import StatSpec
+from pymc_subsample.step_methods.acceptance_tests.sequential_t import _check_error_tolerance
+from pymc_subsample.step_methods.arguments import check_int
+from pymc_subsample.step_methods.step_base import SubsampleStepBase
+
+__all__ = ["GroupEffectsMH"]
+
+#: Default epsilon of each group's t-test (Korattikara et al. 2014, Algorithm 1).
+DEFAULT_ERROR_TOLERANCE = 0.01
+#: Default rows per sampled group; groups of at most this many rows are read whole.
+DEFAULT_BATCH_SIZE = 50
+#: Tuning draws after which the expansion moves to the chain's current point (each an O(N)
+#: pass): the start is often far from the posterior, and the proposal's quadratic model and
+#: the residuals' spread are best where the chain is.
+RECENTRE_AT = (10, 50, 200)
+#: Newton steps of the expansion point at a chain's start, at most, and the move (in
+#: conditional sds) under which it stops.
+START_NEWTON_STEPS = 12
+SETTLED = 0.01
+#: Longest Newton move of an effect at a chain's start, in the variables' own
+#: (unconstrained) units.
+NEWTON_MOVE = 1.0
+#: Rows per call of the reference pass.
+PASS_ROWS = 65_536
+
+
+@dataclass_state
+class GroupEffectsState(StepMethodState):
+    """Adaptive state restored before each sequential chain."""
+
+    tune: bool
+
+
+class GroupEffectsMH(SubsampleStepBase):
+    r"""Metropolis-Hastings on a hierarchy's group effects: one test per group, on its rows.
+
+    In a hierarchical model the group effects (``a`` in ``a = pm.Normal("a", mu, sd,
+    dims="group")`` read by the rows as ``a[group_idx]``) are independent given every other
+    variable, and group g's conditional reads only group g's rows. A draw proposes new effects
+    for every group at once, from a Newton step on a quadratic model of its conditional (the
+    prior's own derivatives, and the likelihood's second-order expansion in the group's
+    parameters summed exactly over its rows), and accepts or rejects each group on its own:
+    small groups on all their rows, larger ones on a batch of rows with the expansion as a
+    control variate and the sequential t-test of :class:`AusterityMH` (Korattikara et al.
+    2014, Algorithm 1, with the group as the population). ``docs/architecture.md``,
+    "Group effects", gives the estimator and the proposal.
+
+    Sample the other variables with another step in the same ``pm.sample`` call:
+    ``step=[pms.GroupEffectsMH([a, b]), pms.AusterityMH([mu, sd, beta])]``. Never assigned
+    automatically.
+
+    Parameters
+    ----------
+    vars : list of variables, optional
+        The group effects: continuous free variables whose first axis is the groups' axis,
+        read by the rows only through a group index (default: every continuous free variable,
+        which holds only where the model has nothing else).
+    error_tolerance : float, default 0.01
+        Probability of a wrong decision allowed in each sampled group's t-test, in [0, 0.5);
+        0 reads every row of every group (exact Metropolis-within-Gibbs).
+    batch_size : int, default 50
+        Rows read per group whose test is sampled; groups of at most this many rows are
+        decided exactly on all of them.
+    obs_dim : str, optional
+        Name of the row dimension when it cannot be inferred (see ``docs/guide.md``).
+    model : pymc.Model, optional
+    rng : int or numpy.random.Generator, optional
+        Replaced by the chain's generator inside ``pm.sample``.
+    compile_kwargs : dict, optional
+        Passed to PyTensor's compiler.
+
+    Raises
+    ------
+    ValueError
+        If the variables' conditional posterior does not factorise over groups: a variable
+        the rows read directly, a variable on an axis other than the groups', a prior that
+        couples groups, or another variable whose prior reads them.
+
+    Notes
+    -----
+    Sample statistics per draw: ``n_data`` (rows read), ``n_groups`` (groups updated),
+    ``n_accepted`` (groups whose proposal was accepted), ``accept_rate`` (their share),
+    ``n_full_groups`` (groups decided on all their rows), ``n_nonfinite`` (groups whose
+    proposal gave a non-finite value, rejected), ``error_tolerance`` and ``batch_size``.
+    """
+
+    name = "group_effects_mh"
+    _state_class = GroupEffectsState
+    stats_dtypes_shapes: ClassVar[dict[str, StatSpec]] = {
+        **{field: (np.int64, []) for field in GroupSweepInfo._fields},
+        "n_groups": (np.int64, []),
+        "hyper_accepted": (bool, []),
+        "hyper_n_steps": (np.int64, []),
+        "hyper_step_size": (np.float64, []),
+        "accept_rate": (np.float64, []),
+        "error_tolerance": (np.float64, []),
+        "batch_size": (np.int64, []),
+    }
+
+    def __init__(
+        self,
+        vars: Sequence[TensorVariable] | None = None,
+        *,
+        error_tolerance: float = DEFAULT_ERROR_TOLERANCE,
+        batch_size: int = DEFAULT_BATCH_SIZE,
+        obs_dim: str | None = None,
+        model: pm.Model | None = None,
+        rng: RandomGenerator = None,
+        compile_kwargs: dict[str, Any] | None = None,
+    ) -> None:
+        self.error_tolerance = _check_error_tolerance(error_tolerance)
+        batch_size = check_int("batch_size", batch_size, minimum=2)
+        super().__init__(
+            vars,
+            batch_size=batch_size,
+            obs_dim=obs_dim,
+            model=model,
+            rng=rng,
+            compile_kwargs=compile_kwargs,
+            blocked=True,
+        )
+        functions = self.oracles.group_effects()
+        if isinstance(functions, str):
+            names = ", ".join(repr(name) for name in self.var_names)
+            raise ValueError(
+                f"GroupEffectsMH updates a hierarchy's group effects, and {names} are not "
+                f"group effects: {functions}. Give it only the variables indexed by a group "
+                "index (vars=[a, b] for a[group_idx], b[group_idx]) and sample the others "
+                "(hyperparameters, shared coefficients) with pms.AusterityMH in the same "
+                "pm.sample(step=[...])."
+            )
+        self.functions: GroupEffectFunctions = functions
+        self.layouts = self._layouts()
+        free = self.functions.free_coordinates
+        self.hyperparameters = PriorHamiltonian(int(free.size)) if free.size else None
+        self.tune = True
+        self._draws = 0
+        self._quadratics: list[GroupQuadratic] | None = None
+        self._reference_tables: tuple[np.ndarray, ...] = ()
+        self.oracles.ensure_rows_finite()
+
+    @property
+    def factors(self) -> tuple[GroupFactor, ...]:
+        """The grouping factors whose effects the step updates."""
+        return self.functions.factors
+
+    def _layouts(self) -> list[GroupRows]:
+        """Each factor's rows by group, from one pass over the rows' group indices."""
+        pieces: list[list[np.ndarray]] = [[] for _ in self.factors]
+        for chunk in row_chunks(self.oracles.n_rows, PASS_ROWS):
+            indices = self.functions.indices(*self.oracles.rows_at(chunk))
+            for f, factor in enumerate(self.factors):
+                pieces[f].append(np.asarray(indices[factor.gathers[0]], np.int64))
+        layouts = []
+        for factor, piece in zip(self.factors, pieces, strict=True):
+            groups = np.concatenate(piece)
+            if groups.size and (groups.min() < -factor.n_groups or groups.max() >= factor.n_groups):
+                raise IndexError(
+                    f"A group index of the rows is outside -{factor.n_groups}.."
+                    f"{factor.n_groups - 1}, the length of the group effects it indexes."
+                )
+            layouts.append(group_rows(groups % factor.n_groups, factor.n_groups, self.batch_size))
+        return layouts
+
+    def _rebuild_for_data(self) -> None:
+        self.layouts = self._layouts()
+        self._quadratics = None
+
+    def reset_tuning(self) -> None:
+        """Start the chain's expansion afresh (at its first draw)."""
+        self._draws = 0
+        self._quadratics = None
+        if self.hyperparameters is not None:
+            self.hyperparameters.reset()
+
+    def _parts(self, f: int, q: np.ndarray) -> GroupParts:
+        out = [np.asarray(x) for x in self.functions.parts[f](q)]
+        prior, gradient, hessian, cells, jacobian = out[:5]
+        tables = tuple(np.ascontiguousarray(table) for table in out[5:])
+        return GroupParts(prior, gradient, hessian, cells, jacobian, tables)
+
+    def _cells(self, tables: Sequence[np.ndarray], indices: Sequence[np.ndarray]) -> list[Any]:
+        """Each row's cell of every gather, shaped and typed as the functions read them."""
+        cells = []
+        for table, index, shape, dtype in zip(
+            tables, indices, self.functions.cell_shapes, self.functions.cell_dtypes, strict=True
+        ):
+            picked = table[np.asarray(index, np.int64) % table.shape[0]]
+            cells.append(np.ascontiguousarray(picked.reshape((-1, *shape)), dtype=dtype))
+        return cells
+
+    def _recentre(self, q: np.ndarray, newton_steps: int = 0) -> None:
+        """Expand every group's likelihood around its current cells, or near its mode.
+
+        With ``newton_steps``, the expansion point first moves by up to that many Newton steps
+        of every group's conditional (each a pass over the rows), stopping once no group moves
+        by more than :data:`SETTLED` of its conditional sd: a chain's start is often far out,
+        where the expansion would make poor proposals.
+        """
+        self.oracles.freeze_shared()
+        point = q.copy()
+        for _ in range(newton_steps):
+            self._expand(point)
+            assert self._quadratics is not None
+            largest = 0.0
+            for f, factor in enumerate(self.factors):
+                x = point[factor.coordinates]
+                parts = self._parts(f, point)
+                mode, _, values = newton_gaussian(x, *model_derivatives(parts, self._quadratics[f]))
+                step = mode - x
+                # A Newton step from far out can overshoot without bound (a log link's
+                # rows grow like exp of the move): at most NEWTON_MOVE per coordinate.
+                longest = np.max(np.abs(step), axis=1, keepdims=True, initial=0.0)
+                step = step * np.minimum(1.0, NEWTON_MOVE / np.maximum(longest, 1e-300))
+                usable = np.isfinite(step).all(axis=1)
+                moved = np.abs(step) * np.sqrt(values)
+                largest = max(largest, float(np.max(moved[usable], initial=0.0)))
+                point[factor.coordinates[usable]] = x[usable] + step[usable]
+            if largest < SETTLED:
+                break
+        self._expand(point)
+
+    def _expand(self, q: np.ndarray) -> None:
+        """Expand every group's likelihood around its cells at ``q``: one pass over the rows."""
+        parts = [self._parts(f, q) for f in range(len(self.factors))]
+        tables = parts[0].tables
+        gradients = [np.zeros((f.n_groups, f.cell_size)) for f in self.factors]
+        hessians = [np.zeros((f.n_groups, f.cell_size, f.cell_size)) for f in self.factors]
+        for chunk in row_chunks(self.oracles.n_rows, PASS_ROWS):
+            arrays = self.oracles.rows_at(chunk)
+            indices = self.functions.indices(*arrays)
+            _, first, second, _ = self.functions.derivatives(
+                q, *self._cells(tables, indices), *arrays
+            )
+            first, second = np.asarray(first), np.asarray(second)
+            for f, factor in enumerate(self.factors):
+                groups = np.asarray(indices[factor.gathers[0]], np.int64) % factor.n_groups
+                columns = factor.cell_columns
+                for i, column in enumerate(columns):
+                    gradients[f][:, i] += np.bincount(
+                        groups, first[:, column], minlength=factor.n_groups
+                    )
+                    for j, other in enumerate(columns):
+                        hessians[f][:, i, j] += np.bincount(
+                            groups, second[:, column, other], minlength=factor.n_groups
+                        )
+        self._reference_tables = tables
+        self._quadratics = [
+            GroupQuadratic(part.cells, gradient, 0.5 * (hessian + np.swapaxes(hessian, 1, 2)))
+            for part, gradient, hessian in zip(parts, gradients, hessians, strict=True)
+        ]
+
+    def _row_terms(
+        self,
+        f: int,
+        q: np.ndarray,
+        old: GroupParts,
+        new: GroupParts,
+        rows: np.ndarray,
+        residual: bool,
+    ) -> np.ndarray:
+        """Return the rows' log-likelihood differences, or with ``residual`` their residuals."""
+        arrays = self.oracles.rows_at(rows)
+        with np.errstate(invalid="ignore", over="ignore"):
+            if not residual:
+                return np.asarray(self.functions.change(q, *old.tables, *new.tables, *arrays))
+            return np.asarray(
+                self.functions.residual[f](
+                    q, *old.tables, *new.tables, *self._reference_tables, *arrays
+                )
+            )
+
+    def _move_hyperparameters(self, q: np.ndarray) -> tuple[np.ndarray, PriorHMCInfo]:
+        """One exact trajectory on the coordinates no row reads, given the group effects."""
+        assert self.hyperparameters is not None
+        free = self.functions.free_coordinates
+        point = q.copy()
+
+        def at(x: np.ndarray) -> np.ndarray:
+            point[free] = x
+            return point
+
+        x, info = self.hyperparameters(
+            self.rng,
+            q[free],
+            lambda x: self.oracles.log_prior(at(x)),
+            lambda x: self.oracles.log_prior_grad(at(x))[free],
+            self.tune,
+        )
+        result = q.copy()
+        result[free] = x
+        return result, info
+
+    def astep(self, q0: RaveledVars) -> tuple[RaveledVars, list[dict[str, Any]]]:
+        """One sweep: every group of every factor proposed and tested once."""
+        q = np.array(q0.data, dtype=np.float64)
+        if self._quadratics is None:
+            self._recentre(q, newton_steps=START_NEWTON_STEPS)
+        elif self.tune and self._draws in RECENTRE_AT:
+            self._recentre(q)
+        assert self._quadratics is not None
+        self._draws += 1
+        totals = dict.fromkeys(GroupSweepInfo._fields, 0)
+        for f, (factor, layout) in enumerate(zip(self.factors, self.layouts, strict=True)):
+
+            def terms(
+                old: GroupParts,
+                new: GroupParts,
+                rows: np.ndarray,
+                _groups: np.ndarray,
+                residual: bool,
+                f: int = f,
+                point: np.ndarray = q,
+            ) -> np.ndarray:
+                return self._row_terms(f, point, old, new, rows, residual)
+
+            q, info = group_effects_sweep(
+                self.rng,
+                q,
+                factor.coordinates,
+                partial(self._parts, f),
+                self._quadratics[f],
+                layout,
+                terms,
+                self.batch_size,
+                self.error_tolerance,
+            )
+            for field, value in info._asdict().items():
+                totals[field] += value
+        hyper = PriorHMCInfo(False, 0, float("nan"))
+        if self.hyperparameters is not None:
+            q, hyper = self._move_hyperparameters(q)
+        n_groups = sum(factor.n_groups for factor in self.factors)
+        stats: dict[str, Any] = {
+            **totals,
+            **hyper._asdict(),
+            "n_groups": n_groups,
+            "accept_rate": totals["n_accepted"] / max(n_groups, 1),
+            "error_tolerance": self.error_tolerance,
+            "batch_size": self.batch_size,
+        }
+        return RaveledVars(q, q0.point_map_info), [stats]
