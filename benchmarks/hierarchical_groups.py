@@ -18,7 +18,10 @@ uneven (Dirichlet(0.7) shares, every group at least one row):
 Samplers, each in a fresh process on the same data: nutpie through
 ``pm.sample(nuts_sampler="nutpie")``, 2 chains of 1,000 tuning + 1,000 draws
 (``--nutpie-draws MODEL=TUNE:DRAWS`` shortens them on a model); ``pms.AusterityMH()`` and
-``pms.MinibatchBarkerMH()`` with no arguments, 2 chains of 1,000 + 2,000; all with ``cores=1``
+``pms.MinibatchBarkerMH()`` with no arguments, 2 chains of 1,000 + 2,000, and likewise
+``pms.GroupEffectsMH()`` with no arguments (one test per group on its own rows, the
+hyperparameters moved with the groups' parameters held; refused, and reported as such, on the
+models with coefficients shared by every row); all with ``cores=1``
 (one chain after the other). The accuracy reference is a longer nutpie run (sampler
 ``reference``: 2 chains of 1,000 + 3,000, another seed) on every model but those named by
 ``--no-reference`` (default ``noncentred_logistic_1000``, too slow to run twice), where it is
@@ -76,15 +79,16 @@ MODELS: dict[str, tuple[tuple[int, ...], int]] = {
     "centred_poisson": ((100,), 100_000),
     "crossed_normal": ((100, 30), 200_000),
 }
-SAMPLERS = ("nutpie", "austerity", "barker", "reference")
+SAMPLERS = ("nutpie", "austerity", "barker", "group_effects", "reference")
 #: Sampler: (tune, draws) per chain of the full run and of ``--quick``.
 DRAWS = {
     "nutpie": ((1000, 1000), (100, 100)),
     "austerity": ((1000, 2000), (100, 200)),
     "barker": ((1000, 2000), (100, 200)),
+    "group_effects": ((1000, 2000), (100, 200)),
     "reference": ((1000, 3000), (100, 300)),
 }
-SEEDS = {"nutpie": 1, "austerity": 1, "barker": 1, "reference": 2}
+SEEDS = {"nutpie": 1, "austerity": 1, "barker": 1, "group_effects": 1, "reference": 2}
 #: The model too slow for a second, longer nutpie run: its nutpie run is the reference.
 NO_REFERENCE_RUN = "noncentred_logistic_1000"
 #: Models whose reference run adapts nutpie's low-rank mass matrix: with the default diagonal
@@ -238,6 +242,18 @@ def run_one(
                 "acceptance": float(sample_stats["mean_tree_accept"].mean()),
                 "divergences": int(sample_stats["diverging"].sum()),
                 "step_size": float(sample_stats["step_size"].mean()),
+            }
+        elif sampler == "group_effects":
+            step = pms.GroupEffectsMH()  # refused where a coefficient is shared by every row
+            setup = time.perf_counter() - start
+            idata = pm.sample(step=step, **kwargs)
+            wall = time.perf_counter() - start
+            sample_stats = idata.sample_stats
+            stats = {
+                "rows_per_draw": float(sample_stats["n_data"].mean()),
+                "groups_read_whole": float(sample_stats["n_full_groups"].mean()),
+                "acceptance": float(sample_stats["accept_rate"].mean()),
+                "hyper_acceptance": float(sample_stats["hyper_accept_rate"].mean()),
             }
         else:
             step_class = pms.AusterityMH if sampler == "austerity" else pms.MinibatchBarkerMH

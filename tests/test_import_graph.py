@@ -29,6 +29,7 @@ STEPS = frozenset(
         "austerity",
         "barker",
         "gibbs",
+        "group_effects",
         "reversible_jump",
         "sgfs",
     )

@@ -68,12 +68,17 @@ class GroupFactor(NamedTuple):
         The factor's cells among a row's cell entries (positions in the concatenation of every
         gather's cell, the ``psi`` layout of ``per_row_derivatives_graph`` without direct
         coordinates).
+    reads_hyperparameters : bool
+        Whether its tables read step variables other than its effects (a non-centred
+        hierarchy's ``mu`` and ``sd``); they are then affine in the effects, with one cell
+        entry per effect (checked).
     """
 
     gathers: tuple[int, ...]
     n_groups: int
     coordinates: np.ndarray
     cell_columns: np.ndarray
+    reads_hyperparameters: bool
 
     @property
     def size(self) -> int:
@@ -166,6 +171,7 @@ def group_effect_functions(
         [q], [*prior_terms, prior_q, *tables], mode="FAST_COMPILE", on_unused_input="ignore"
     )
     problem = _check_separable(probe, factors, var_layout, free, len(prior_terms), q0)
+    problem = problem or _check_affine(probe, factors, len(prior_terms), q0)
     if problem:
         return problem
     frozen_rows = cast(
@@ -328,16 +334,32 @@ def _factors(
     q = grouped.vector
     # Which step variables each gather's table reads: through q's slices (join_nonshared_inputs).
     reads = [_variables_read(gather.table, q, var_layout, q0) for gather in grouped.gathers]
-    owner: dict[int, int] = {}
     factor_gathers = list(by_index.values())
+    # A variable a factor's tables read is one of its group effects where its first axis is
+    # the groups' axis, and a hyperparameter of the factor otherwise (mu and sd in
+    # a = mu + sd * z): the step moves those with the groups' parameters held fixed.
+    owner: dict[int, int] = {}
+    reads_hyperparameters = [False] * len(factor_gathers)
+    hyper: set[int] = set()
     for f, gathers in enumerate(factor_gathers):
-        for k in gathers:
-            for v in reads[k]:
+        n_groups = grouped.gathers[gathers[0]].n_groups
+        for v in sorted({v for k in gathers for v in reads[k]}):
+            shape = var_layout[v][1]
+            if shape and shape[0] == n_groups:
                 if owner.setdefault(v, f) != f:
                     return (
                         f"{var_layout[v][0]!r} is read through two different group indices; "
                         "give each grouping factor its own variables"
                     )
+            else:
+                hyper.add(v)
+                reads_hyperparameters[f] = True
+    if hyper & set(owner):
+        both = sorted(hyper & set(owner))
+        return (
+            f"{var_layout[both[0]][0]!r} is a group effect of one grouping factor and a "
+            "hyperparameter of another"
+        )
     factors = []
     for f, gathers in enumerate(factor_gathers):
         n_groups = grouped.gathers[gathers[0]].n_groups
@@ -346,12 +368,7 @@ def _factors(
             continue
         columns = []
         for v in own:
-            name, shape = var_layout[v]
-            if not shape or shape[0] != n_groups:
-                return (
-                    f"{name!r} (shape {shape}) is read through a group index of {n_groups} "
-                    f"groups but its first axis is not the groups' axis"
-                )
+            shape = var_layout[v][1]
             inner = int(np.prod(shape[1:], dtype=int))
             base = offsets[v] + inner * np.arange(n_groups)[:, None]
             columns.append(base + np.arange(inner)[None, :])
@@ -364,6 +381,7 @@ def _factors(
                 n_groups=n_groups,
                 coordinates=np.concatenate(columns, axis=1).astype("int64"),
                 cell_columns=cell_columns.astype("int64"),
+                reads_hyperparameters=reads_hyperparameters[f],
             )
         )
     if not factors:
@@ -391,6 +409,38 @@ def _variables_read(
         if not np.array_equal(np.asarray(function(moved)), base):
             read.append(v)
     return read
+
+
+def _check_affine(
+    probe: Any, factors: tuple[GroupFactor, ...], n_terms: int, q0: np.ndarray
+) -> str:
+    """Where a factor's tables read hyperparameters, check ``c_g = A(h) + B_g(h) x_g``.
+
+    The hyperparameters' moves hold the cells fixed by solving for the effects
+    (``kernels/hyper_walk.py``), which needs ``B_g`` square: one cell entry per effect. The
+    tables' second difference along a random move of the effects must vanish.
+    """
+    rng = np.random.default_rng(2)
+    for factor in factors:
+        if not factor.reads_hyperparameters:
+            continue
+        if factor.cell_size != factor.size:
+            return (
+                "its group parameters depend on hyperparameters (a non-centred hierarchy) "
+                f"but have {factor.cell_size} entries per group for {factor.size} effects"
+            )
+        step = np.zeros_like(q0)
+        step[factor.coordinates.ravel()] = rng.uniform(0.2, 0.4, size=factor.coordinates.size)
+        values = [probe(q0 + t * step)[n_terms + 1 :] for t in (0.0, 1.0, 2.0)]
+        for k in factor.gathers:
+            first, middle, last = (np.asarray(v[k], dtype=float) for v in values)
+            curvature = np.abs(last - 2.0 * middle + first)
+            if np.any(curvature > 1e-8 * (1.0 + np.abs(middle))):
+                return (
+                    "its group parameters depend on hyperparameters and are not an affine "
+                    "function of the group effects (as mu + sd * z is)"
+                )
+    return ""
 
 
 def _check_separable(

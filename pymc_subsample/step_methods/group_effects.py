@@ -24,7 +24,7 @@ from pymc_subsample.kernels.group_effects import (
     model_derivatives,
     newton_gaussian,
 )
-from pymc_subsample.kernels.prior_hmc import PriorHamiltonian, PriorHMCInfo
+from pymc_subsample.kernels.hyper_walk import HyperWalk, HyperWalkInfo
 from pymc_subsample.model.group_effects import GroupEffectFunctions, GroupFactor
 from pymc_subsample.model.row_data import row_chunks
 from pymc_subsample.step_methods.acceptance_tests import StatSpec
@@ -118,9 +118,7 @@ class GroupEffectsMH(SubsampleStepBase):
     stats_dtypes_shapes: ClassVar[dict[str, StatSpec]] = {
         **{field: (np.int64, []) for field in GroupSweepInfo._fields},
         "n_groups": (np.int64, []),
-        "hyper_accepted": (bool, []),
-        "hyper_n_steps": (np.int64, []),
-        "hyper_step_size": (np.float64, []),
+        **{field: (np.float64, []) for field in HyperWalkInfo._fields},
         "accept_rate": (np.float64, []),
         "error_tolerance": (np.float64, []),
         "batch_size": (np.int64, []),
@@ -161,7 +159,7 @@ class GroupEffectsMH(SubsampleStepBase):
         self.functions: GroupEffectFunctions = functions
         self.layouts = self._layouts()
         free = self.functions.free_coordinates
-        self.hyperparameters = PriorHamiltonian(int(free.size)) if free.size else None
+        self.hyperparameters = HyperWalk(int(free.size)) if free.size else None
         self.tune = True
         self._draws = 0
         self._quadratics: list[GroupQuadratic] | None = None
@@ -299,26 +297,45 @@ class GroupEffectsMH(SubsampleStepBase):
                 )
             )
 
-    def _move_hyperparameters(self, q: np.ndarray) -> tuple[np.ndarray, PriorHMCInfo]:
-        """One exact trajectory on the coordinates no row reads, given the group effects."""
+    def _move_hyperparameters(self, q: np.ndarray) -> tuple[np.ndarray, HyperWalkInfo]:
+        """Exact moves of the coordinates no row reads directly, the groups' cells held fixed.
+
+        ``kernels/hyper_walk.py``: where a factor's cells read them (``c = A(h) + B(h) x``,
+        a non-centred hierarchy), the effects follow, ``x = B(h)^-1 (c - A(h))``, and the
+        target gains ``-log |det B(h)|`` per group.
+        """
         assert self.hyperparameters is not None
         free = self.functions.free_coordinates
-        point = q.copy()
+        held = {
+            f: self._parts(f, q).cells
+            for f, factor in enumerate(self.factors)
+            if factor.reads_hyperparameters
+        }
 
-        def at(x: np.ndarray) -> np.ndarray:
-            point[free] = x
-            return point
+        def point_at(h: np.ndarray) -> tuple[np.ndarray, float]:
+            point = q.copy()
+            point[free] = h
+            log_jacobian = 0.0
+            for f, cells in held.items():
+                coordinates = self.factors[f].coordinates
+                point[coordinates] = 0.0
+                parts = self._parts(f, point)
+                sign, log_det = np.linalg.slogdet(parts.jacobian)
+                if not np.all(sign != 0) or not np.all(np.isfinite(log_det)):
+                    return point, np.inf
+                offset = (cells - parts.cells)[..., None]
+                point[coordinates] = np.linalg.solve(parts.jacobian, offset)[..., 0]
+                log_jacobian += float(log_det.sum())
+            return point, log_jacobian
 
-        x, info = self.hyperparameters(
-            self.rng,
-            q[free],
-            lambda x: self.oracles.log_prior(at(x)),
-            lambda x: self.oracles.log_prior_grad(at(x))[free],
-            self.tune,
-        )
-        result = q.copy()
-        result[free] = x
-        return result, info
+        def log_target(h: np.ndarray) -> float:
+            point, log_jacobian = point_at(h)
+            if not np.isfinite(log_jacobian):
+                return -np.inf
+            return self.oracles.log_prior(point) - log_jacobian
+
+        h, info = self.hyperparameters(self.rng, q[free], log_target, self.tune)
+        return point_at(h)[0], info
 
     def astep(self, q0: RaveledVars) -> tuple[RaveledVars, list[dict[str, Any]]]:
         """One sweep: every group of every factor proposed and tested once."""
@@ -356,7 +373,7 @@ class GroupEffectsMH(SubsampleStepBase):
             )
             for field, value in info._asdict().items():
                 totals[field] += value
-        hyper = PriorHMCInfo(False, 0, float("nan"))
+        hyper = HyperWalkInfo(float("nan"), float("nan"))
         if self.hyperparameters is not None:
             q, hyper = self._move_hyperparameters(q)
         n_groups = sum(factor.n_groups for factor in self.factors)
