@@ -201,7 +201,7 @@ def test_multivariate_prior_across_groups_is_refused():
         index = pm.Data("g", group)
         a = pm.MvNormal("a", np.zeros(n_groups), np.eye(n_groups) + 0.5, dims="group")
         pm.Poisson("y", pm.math.exp(a[index]), observed=y)
-        with pytest.raises(ValueError, match="factorise|another group"):
+        with pytest.raises(ValueError, match=r"factorise|another group"):
             GroupEffectsMH([a])
 
 
