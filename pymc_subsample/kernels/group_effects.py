@@ -42,7 +42,7 @@ from functools import partial
 from typing import Any, NamedTuple
 
 import numpy as np
-from scipy import stats
+from scipy import special
 
 __all__ = [
     "GroupParts",
@@ -249,7 +249,8 @@ def _sequential_tests(
             average = shift[active] + mean_centred
             error = np.sqrt(variance / m)
             statistic = np.abs(average - threshold[active]) / error
-        tail = stats.t.sf(statistic, m - 1)  # Algorithm 1, line 7
+        # Algorithm 1, line 7: the Student-t tail (stdtr is its CDF; a ufunc, no wrapper).
+        tail = special.stdtr(m - 1, -statistic)
         finite = np.isfinite(average) & np.isfinite(error)
         confident = finite & (tail < error_tolerance) & (sizes * error <= ESTIMATE_SD)
         sure = active[confident]

@@ -31,7 +31,7 @@ import numpy as np
 __all__ = ["HyperWalk", "HyperWalkInfo"]
 
 #: Metropolis steps per call (per sweep of the step).
-MOVES = 8
+MOVES = 16
 #: Proposal sd of every coordinate before the first window ends.
 FIRST_SD = 0.1
 #: Tuning draws (calls) in the first window of the covariance's adaptation.
