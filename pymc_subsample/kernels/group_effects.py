@@ -37,6 +37,7 @@ test more cautious. ``docs/architecture.md``, "Group effects".
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from functools import partial
 from typing import Any, NamedTuple
@@ -49,10 +50,14 @@ __all__ = [
     "GroupQuadratic",
     "GroupRows",
     "GroupSweepInfo",
+    "SharedMoveInfo",
     "group_effects_sweep",
     "group_rows",
     "model_derivatives",
+    "draw_proposal",
     "newton_gaussian",
+    "proposal_log_density",
+    "stratified_decision",
 ]
 
 #: Degrees of freedom of the proposal's Student-t: its tails are heavier than a GLM
@@ -165,9 +170,21 @@ def newton_gaussian(
     return mean, vectors, values
 
 
-def _log_density(
+def draw_proposal(
+    rng: np.random.Generator, mean: np.ndarray, vectors: np.ndarray, values: np.ndarray
+) -> np.ndarray:
+    """Draw each group's Student-t proposal (a Gaussian draw scaled by sqrt(nu / chi2_nu))."""
+    n_groups = mean.shape[0]
+    noise = rng.standard_normal(mean.shape) * np.sqrt(
+        PROPOSAL_DF / rng.chisquare(PROPOSAL_DF, size=(n_groups, 1))
+    )
+    return mean + np.einsum("gkl,gl->gk", vectors, noise / np.sqrt(values))
+
+
+def proposal_log_density(
     y: np.ndarray, mean: np.ndarray, vectors: np.ndarray, values: np.ndarray
 ) -> np.ndarray:
+    """Return each group's proposal log-density at ``y``, up to a constant of ``k`` alone."""
     # Multivariate t with PROPOSAL_DF degrees of freedom, location mean and scale matrix
     # (V diag(values) V^T)^-1, per group, up to a constant that depends only on k.
     z = np.einsum("gkl,gk->gl", vectors, y - mean)
@@ -263,6 +280,58 @@ def _sequential_tests(
     return accept, np.concatenate(unsure), read
 
 
+class SharedMoveInfo(NamedTuple):
+    """What one move of the shared coefficients did; the field names are the step's stats."""
+
+    #: Rows read by the move's test.
+    shared_n_data: int
+    #: Whether the move was accepted.
+    shared_accepted: bool
+    #: Whether the test read every row (it was not confident on the groups' sample).
+    shared_full_data: bool
+
+
+def stratified_decision(
+    rng: np.random.Generator,
+    threshold: float,
+    rows: GroupRows,
+    residuals: Callable[[np.ndarray], np.ndarray],
+    batch_size: int,
+    error_tolerance: float,
+) -> tuple[bool | None, int]:
+    """Decide ``sum_i d_i > threshold`` over every row from a sample stratified by group.
+
+    The rows of small groups (``rows.whole``) are summed exactly; each other group gives
+    ``n_g`` times the mean of ``batch_size`` of its rows drawn with replacement (Cochran 1977,
+    ch. 5: the estimate's variance is ``sum_g n_g^2 s_g^2 / batch_size``). The decision is
+    returned where the normal test is confident at ``error_tolerance`` and the estimate's
+    standard error is at most :data:`ESTIMATE_SD`; else None (read every row). The groups
+    stratify because a group's cells sit at their own distance from the expansion: its
+    residuals are alike, and another group's can be far larger.
+    """
+    sampled = np.flatnonzero(~rows.whole & (rows.sizes > 0))
+    picks = rows.starts[sampled][:, None] + np.floor(
+        rng.random((sampled.size, batch_size)) * rows.sizes[sampled][:, None]
+    ).astype(np.int64)
+    chosen = np.concatenate([rows.whole_rows, rows.order[picks.ravel()]])
+    values = residuals(chosen)
+    exact = float(values[: rows.whole_rows.size].sum())
+    sample = values[rows.whole_rows.size :].reshape(sampled.size, batch_size)
+    sizes = rows.sizes[sampled]
+    with np.errstate(invalid="ignore", over="ignore"):
+        estimate = exact + float(sizes @ sample.mean(axis=1))
+        variance = float((sizes**2) @ sample.var(axis=1, ddof=1)) / batch_size
+    if not (math.isfinite(estimate) and math.isfinite(variance)):
+        return None, chosen.size
+    error = math.sqrt(variance)
+    if error > ESTIMATE_SD:
+        return None, chosen.size
+    tail = special.ndtr(-abs(estimate - threshold) / error) if error > 0 else 0.0
+    if tail >= error_tolerance:
+        return None, chosen.size
+    return estimate > threshold, chosen.size
+
+
 def group_effects_sweep(
     rng: np.random.Generator,
     q: np.ndarray,
@@ -306,11 +375,7 @@ def group_effects_sweep(
     parts = parts_at(q)
     x = q[coordinates]
     mean, vectors, values = newton_gaussian(x, *model_derivatives(parts, quadratic))
-    # Student-t draws: a Gaussian one scaled by sqrt(nu / chi2_nu).
-    noise = rng.standard_normal(x.shape) * np.sqrt(
-        PROPOSAL_DF / rng.chisquare(PROPOSAL_DF, size=(n_groups, 1))
-    )
-    x_new = mean + np.einsum("gkl,gl->gk", vectors, noise / np.sqrt(values))
+    x_new = draw_proposal(rng, mean, vectors, values)
     log_u = np.log(rng.uniform(size=n_groups))
     q_new = q.copy()
     q_new[coordinates] = np.where(np.isfinite(x_new), x_new, x)
@@ -322,8 +387,8 @@ def group_effects_sweep(
         rest = (
             parts_new.prior
             - parts.prior
-            + _log_density(x, mean_back, vectors_back, values_back)
-            - _log_density(x_new, mean, vectors, values)
+            + proposal_log_density(x, mean_back, vectors_back, values_back)
+            - proposal_log_density(x_new, mean, vectors, values)
         )
     rest = np.where(np.isfinite(rest) & np.isfinite(x_new).all(axis=1), rest, np.nan)
     likelihood = np.full(n_groups, np.nan)  # L_g(x') - L_g(x) where decided exactly

@@ -101,10 +101,15 @@ class GroupEffectFunctions(NamedTuple):
     #: ``q -> (prior (G,), gradient (G, k), hessian (G, k, k), cells (G, c), jacobian (G, c, k),
     #: *tables)`` per factor; tables are every gather's ``(G_k, c_k)``.
     parts: tuple[LazyFunction, ...]
-    #: ``(q, *old_tables, *new_tables, *rows) -> l_i``, at the live values of the others.
+    #: Coordinates the rows read directly: coefficients shared by every row.
+    direct_coordinates: np.ndarray
+    #: ``(q_old, q_new, *old_tables, *new_tables, *rows) -> l_i``, the others read live.
     change: LazyFunction
-    #: Per factor, ``(q, *old_tables, *new_tables, *reference_tables, *rows) -> l_i - t_i``.
+    #: Per factor, ``(q_old, q_new, q_ref, *old_tables, *new_tables, *reference_tables, *rows)
+    #: -> l_i - t_i`` for a move of the factor's effects (``_residual_graph``).
     residual: tuple[LazyFunction, ...]
+    #: The same for a move of the shared coefficients; None where there are none.
+    direct_residual: LazyFunction | None
     #: ``(q, *cells, *rows) -> (F_i, dF_i/dcells, d2F_i/dcells2, _)`` at the frozen values.
     derivatives: LazyFunction
     #: ``rows -> each gather's group index``.
@@ -156,16 +161,24 @@ def group_effect_functions(
     grouped = find_grouped_rows(rows_q, q, row_inputs, q0)
     if grouped is None:
         return "no row reads them through a group index (effect[group_index])"
-    if grouped.direct.size:
-        return (
-            "the likelihood reads some of them directly, not only through a group index "
-            "(a coefficient shared by every row)"
-        )
     factors = _factors(grouped, var_layout, q0)
     if isinstance(factors, str):
         return factors
+    direct = grouped.direct
     grouped_coordinates = np.concatenate([f.coordinates.ravel() for f in factors])
+    if np.intersect1d(direct, grouped_coordinates).size:
+        return "the likelihood reads a group effect directly, not only through its group index"
     free = np.setdiff1d(np.arange(q0.size), grouped_coordinates).astype("int64")
+    free = np.setdiff1d(free, direct).astype("int64")
+    if any(f.reads_hyperparameters for f in factors) and direct.size:
+        # A hyperparameter read by a table must not be read directly: its moves hold the
+        # groups' parameters fixed, so that the rows do not change.
+        table_free = _coordinates_read_by_tables(grouped, var_layout, q0)
+        if np.intersect1d(table_free, direct).size:
+            return (
+                "a variable is read both directly and inside the group parameters (as mu in "
+                "mu + a[g] with a = mu + sd * z)"
+            )
     tables = [gather.table for gather in grouped.gathers]
     probe = pytensor.function(
         [q], [*prior_terms, prior_q, *tables], mode="FAST_COMPILE", on_unused_input="ignore"
@@ -186,10 +199,16 @@ def group_effect_functions(
             LazyFunction(partial(_parts_graph, grouped, prior_terms, var_layout, f), compile_kwargs)
             for f in factors
         ),
+        direct_coordinates=direct,
         change=LazyFunction(partial(_change_graph, grouped), compile_kwargs),
         residual=tuple(
             LazyFunction(partial(_residual_graph, grouped, frozen_rows, f), compile_kwargs)
             for f in factors
+        ),
+        direct_residual=(
+            LazyFunction(partial(_residual_graph, grouped, frozen_rows, None), compile_kwargs)
+            if direct.size
+            else None
         ),
         derivatives=LazyFunction(
             partial(per_row_derivatives_graph, grouped._replace(rows_logp=frozen_rows)),
@@ -228,93 +247,135 @@ def _at_cells(
     return cast(TensorVariable, clone_replace(rows_logp, replace=replace, rebuild_strict=False))
 
 
-def _change_graph(grouped: GroupedRows) -> tuple[list[Variable], Variable]:
-    """Build ``l_i = F_i(new cells) - F_i(old cells)`` from the tables and the rows."""
+def _at_point(rows_logp: TensorVariable, grouped: GroupedRows, point: Variable) -> TensorVariable:
+    """Return the rows' graph reading the shared coefficients from ``point``, not ``q``."""
+    replace: dict[Variable, Variable] = {grouped.vector: point}
+    return cast(TensorVariable, clone_replace(rows_logp, replace=replace, rebuild_strict=False))
+
+
+def _change(
+    grouped: GroupedRows,
+) -> tuple[list[Variable], list[TensorVariable], TensorVariable]:
+    """``l_i = F_i(q_new, new cells) - F_i(q_old, old cells)``: inputs, tables and graph."""
     old, new = _table_inputs(grouped, "old"), _table_inputs(grouped, "new")
+    q_new = grouped.vector.type("q_new")
     rows = grouped.rows_logp
-    change = _at_cells(rows, grouped, _row_cells(grouped, new)) - _at_cells(
-        rows, grouped, _row_cells(grouped, old)
+    change = _at_cells(_at_point(rows, grouped, q_new), grouped, _row_cells(grouped, new)) - (
+        _at_cells(rows, grouped, _row_cells(grouped, old))
     )
-    return [grouped.vector, *old, *new, *grouped.row_inputs], change
+    return [grouped.vector, q_new], [*old, *new], change
+
+
+def _change_graph(grouped: GroupedRows) -> tuple[list[Variable], Variable]:
+    """Build ``l_i = F_i(q_new, new cells) - F_i(q_old, old cells)``."""
+    points, tables, change = _change(grouped)
+    return [*points, *tables, *grouped.row_inputs], change
 
 
 def _residual_graph(
-    grouped: GroupedRows, frozen_rows: TensorVariable, factor: GroupFactor
+    grouped: GroupedRows, frozen_rows: TensorVariable, factor: GroupFactor | None
 ) -> tuple[list[Variable], Variable]:
-    """Build ``l_i - t_i``: the change less its second-order proxy in the factor's cells.
+    """Build ``l_i - t_i``: a move's change less its second-order proxy's.
 
-    With ``a_i``, ``b_i`` the old and new cells' offsets from the reference cells (zero in the
-    other factors' cells) and ``g_i``, ``H_i`` the row's gradient and Hessian in its cells at
-    the reference, ``t_i = g_i . (b_i - a_i) + (b_i . H_i b_i - a_i . H_i a_i) / 2``. A row's
-    cells reach no other row, so ``g_i`` is the gradient of the rows' sum, and ``H_i v_i`` the
-    gradient of ``sum_i g_i . v_i`` with ``v_i`` held fixed (reverse over reverse, as in
-    ``per_row_derivatives_graph``).
+    Row i's proxy is its second-order Taylor expansion around ``psi_r = (q_ref on the shared
+    coefficients, the reference cells)``, the other variables frozen at the reference. The
+    move is of ``factor``'s effects (the offsets ``a``, ``b`` of the old and new point from
+    ``psi_r`` share the shared coefficients' part and differ in the factor's cells; the other
+    factors' cells are held at the reference) or, with ``factor=None``, of the shared
+    coefficients (``a`` and ``b`` share every cell's offset). With ``g_i``, ``H_i`` the row's
+    gradient and Hessian at ``psi_r``, ``t_i = g_i . (b - a) + (b - a) . H_i (b + a) / 2``:
+    two directional derivatives of the rows' vector (forward mode, as
+    ``gradients.per_row_proxy_terms`` takes them), no gradient vector per row.
     """
-    old, new = _table_inputs(grouped, "old"), _table_inputs(grouped, "new")
+    points_q, tables, change = _change(grouped)
+    q_old, q_new = points_q
+    n_gathers = len(grouped.gathers)
+    old, new = tables[:n_gathers], tables[n_gathers:]
     reference = _table_inputs(grouped, "reference")
-    rows = grouped.rows_logp
-    old_cells, new_cells = _row_cells(grouped, old), _row_cells(grouped, new)
-    reference_cells = _row_cells(grouped, reference)
-    change = _at_cells(rows, grouped, new_cells) - _at_cells(rows, grouped, old_cells)
-    # Derivatives are taken at placeholders for the reference cells, which are put in after.
+    q_ref = grouped.vector.type("q_ref")
+    old_cells = [pt.cast(c, "float64") for c in _row_cells(grouped, old)]
+    new_cells = [pt.cast(c, "float64") for c in _row_cells(grouped, new)]
+    reference_cells = [pt.cast(c, "float64") for c in _row_cells(grouped, reference)]
+    # The expansion is taken at placeholders for the reference cells, put in after.
     points = [
         pt.tensor(f"point_{k}", dtype="float64", shape=(None, *gather.cell.type.shape[1:]))
         for k, gather in enumerate(grouped.gathers)
     ]
-    at_reference = _at_cells(
-        frozen_rows,
-        grouped,
-        [pt.cast(p, c.dtype) for p, c in zip(points, reference_cells, strict=True)],
-    )
-    gradients = cast(
-        list[Variable], pytensor.grad(at_reference.sum(), points, disconnected_inputs="ignore")
-    )
-    ours = set(factor.gathers)
+    cast_points = [
+        pt.cast(point, gather.cell.dtype)
+        for point, gather in zip(points, grouped.gathers, strict=True)
+    ]
+    at_reference = _at_cells(_at_point(frozen_rows, grouped, q_ref), grouped, cast_points)
+    mask = np.zeros(int(cast(Any, grouped.vector.type).shape[0]))
+    mask[grouped.direct] = 1.0
+    shared_old = pt.constant(mask) * (q_old - q_ref)
+    shared_new = pt.constant(mask) * (q_new - q_ref)
+    moved = set(range(n_gathers)) if factor is None else set(factor.gathers)
     offsets_old, offsets_new = [], []
-    for k in range(len(grouped.gathers)):
-        if k in ours:
-            offsets_old.append(pt.cast(old_cells[k], "float64") - points[k])
-            offsets_new.append(pt.cast(new_cells[k], "float64") - points[k])
+    for k in range(n_gathers):
+        if factor is None or k in moved:
+            offsets_old.append(old_cells[k] - points[k])
+            offsets_new.append(new_cells[k] - points[k])
         else:
             offsets_old.append(pt.zeros_like(points[k]))
             offsets_new.append(pt.zeros_like(points[k]))
-    n_rows = change.shape[0]
-
-    def per_row(products: Sequence[Any]) -> TensorVariable:
-        total = pt.zeros((n_rows,), dtype="float64")
-        for product in products:
-            total = total + product.reshape((n_rows, -1)).sum(axis=1)
-        return total
-
-    def curvature(offsets: Sequence[Any]) -> TensorVariable:
-        fixed = [disconnected_grad(v) for v in offsets]
-        pushed = sum(
-            ((pt.as_tensor(g) * v).sum() for g, v in zip(gradients, fixed, strict=True)),
-            pt.constant(0.0, dtype="float64"),
-        )
-        products = cast(list[Variable], pytensor.grad(pushed, points, disconnected_inputs="ignore"))
-        return per_row([pt.as_tensor(h) * v for h, v in zip(products, offsets, strict=True)])
-
-    first = per_row(
-        [
-            pt.as_tensor(g) * (b - a)
-            for g, a, b in zip(gradients, offsets_old, offsets_new, strict=True)
-        ]
-    )
-    proxy = first + 0.5 * (curvature(offsets_new) - curvature(offsets_old))
+    # Only where the rows read shared coefficients is q_ref an input of the expansion.
+    shared = [q_ref] if grouped.direct.size else []
+    wrt = [*shared, *points]
+    step = [
+        *(shared_new - shared_old for _ in shared),
+        *(b - a for a, b in zip(offsets_old, offsets_new, strict=True)),
+    ]
+    centre = [
+        *(disconnected_grad(shared_new + shared_old) for _ in shared),
+        *(disconnected_grad(b + a) for a, b in zip(offsets_old, offsets_new, strict=True)),
+    ]
+    along_step = _along(at_reference, wrt, step)
+    along_centre = _along(at_reference, wrt, centre)
+    second = _along(along_centre, wrt, step)
     proxy = cast(
         TensorVariable,
         clone_replace(
-            proxy,
+            along_step + 0.5 * second,
             replace=cast(
                 dict[Variable, Variable],
-                {p: pt.cast(c, "float64") for p, c in zip(points, reference_cells, strict=True)},
+                dict(zip(points, reference_cells, strict=True)),
             ),
             rebuild_strict=False,
         ),
     )
-    inputs: list[Variable] = [grouped.vector, *old, *new, *reference, *grouped.row_inputs]
+    inputs: list[Variable] = [q_old, q_new, q_ref, *old, *new, *reference, *grouped.row_inputs]
     return inputs, change - proxy
+
+
+def _along(
+    rows: TensorVariable, wrt: Sequence[Variable], directions: Sequence[Variable]
+) -> TensorVariable:
+    """Per-row derivative of ``rows`` along ``directions`` (one per input in ``wrt``).
+
+    The sum of one pushforward per input: PyTensor's pushforward of a list of inputs kept only
+    one of them here.
+    """
+    terms = [
+        cast(TensorVariable, _pushforward(rows, point, direction))
+        for point, direction in zip(wrt, directions, strict=True)
+    ]
+    return cast(TensorVariable, sum(terms[1:], terms[0]))
+
+
+def _coordinates_read_by_tables(
+    grouped: GroupedRows, var_layout: Sequence[tuple[str, tuple[int, ...]]], q0: np.ndarray
+) -> np.ndarray:
+    """Coordinates of every step variable some table reads."""
+    starts = _offsets(var_layout)
+    read: set[int] = set()
+    for gather in grouped.gathers:
+        read.update(_variables_read(gather.table, grouped.vector, var_layout, q0))
+    pieces = [
+        np.arange(starts[v], starts[v] + int(np.prod(var_layout[v][1], dtype=int)))
+        for v in sorted(read)
+    ]
+    return np.concatenate(pieces) if pieces else np.zeros(0, np.int64)
 
 
 def _offsets(var_layout: Sequence[tuple[str, tuple[int, ...]]]) -> list[int]:

@@ -19,10 +19,14 @@ from pymc_subsample.kernels.group_effects import (
     GroupQuadratic,
     GroupRows,
     GroupSweepInfo,
+    SharedMoveInfo,
+    draw_proposal,
     group_effects_sweep,
     group_rows,
     model_derivatives,
     newton_gaussian,
+    proposal_log_density,
+    stratified_decision,
 )
 from pymc_subsample.kernels.hyper_walk import HyperWalk, HyperWalkInfo
 from pymc_subsample.model.group_effects import GroupEffectFunctions, GroupFactor
@@ -49,6 +53,9 @@ SETTLED = 0.01
 #: Longest Newton move of an effect at a chain's start, in the variables' own
 #: (unconstrained) units.
 NEWTON_MOVE = 1.0
+#: Step of the central differences of the prior's gradient that give its Hessian in the
+#: shared coefficients (a handful of coordinates; the model's Hessian is the rows').
+PRIOR_STEP = 1e-5
 #: Rows per call of the reference pass.
 PASS_ROWS = 65_536
 
@@ -119,6 +126,9 @@ class GroupEffectsMH(SubsampleStepBase):
         **{field: (np.int64, []) for field in GroupSweepInfo._fields},
         "n_groups": (np.int64, []),
         **{field: (np.float64, []) for field in HyperWalkInfo._fields},
+        "shared_n_data": (np.int64, []),
+        "shared_accepted": (bool, []),
+        "shared_full_data": (bool, []),
         "accept_rate": (np.float64, []),
         "error_tolerance": (np.float64, []),
         "batch_size": (np.int64, []),
@@ -164,6 +174,10 @@ class GroupEffectsMH(SubsampleStepBase):
         self._draws = 0
         self._quadratics: list[GroupQuadratic] | None = None
         self._reference_tables: tuple[np.ndarray, ...] = ()
+        self._reference_q = self.oracles.initial_q.copy()
+        self._crosses: list[np.ndarray] = []
+        n_shared = self.functions.direct_coordinates.size
+        self._shared = (np.zeros(n_shared), np.zeros((n_shared, n_shared)))
         self.oracles.ensure_rows_finite()
 
     @property
@@ -243,6 +257,16 @@ class GroupEffectsMH(SubsampleStepBase):
                 moved = np.abs(step) * np.sqrt(values)
                 largest = max(largest, float(np.max(moved[usable], initial=0.0)))
                 point[factor.coordinates[usable]] = x[usable] + step[usable]
+            direct = self.functions.direct_coordinates
+            if direct.size:
+                x = point[direct][None, :]
+                model = self._shared_model(point)
+                mode, _, values = newton_gaussian(x, model[0][None], model[1][None])
+                step = (mode - x)[0]
+                step = step * min(1.0, NEWTON_MOVE / max(float(np.max(np.abs(step))), 1e-300))
+                if np.all(np.isfinite(step)):
+                    largest = max(largest, float(np.max(np.abs(step) * np.sqrt(values[0]))))
+                    point[direct] = point[direct] + step
             if largest < SETTLED:
                 break
         self._expand(point)
@@ -251,27 +275,42 @@ class GroupEffectsMH(SubsampleStepBase):
         """Expand every group's likelihood around its cells at ``q``: one pass over the rows."""
         parts = [self._parts(f, q) for f in range(len(self.factors))]
         tables = parts[0].tables
+        n_shared = self.functions.direct_coordinates.size
         gradients = [np.zeros((f.n_groups, f.cell_size)) for f in self.factors]
         hessians = [np.zeros((f.n_groups, f.cell_size, f.cell_size)) for f in self.factors]
+        crosses = [np.zeros((f.n_groups, f.cell_size, n_shared)) for f in self.factors]
+        shared_gradient = np.zeros(n_shared)
+        shared_hessian = np.zeros((n_shared, n_shared))
         for chunk in row_chunks(self.oracles.n_rows, PASS_ROWS):
             arrays = self.oracles.rows_at(chunk)
             indices = self.functions.indices(*arrays)
-            _, first, second, _ = self.functions.derivatives(
+            _, first, second, summed = self.functions.derivatives(
                 q, *self._cells(tables, indices), *arrays
             )
+            # psi = (shared coefficients, every gather's cells): first (n, m), second
+            # (n, m, cells) (per_row_derivatives_graph).
             first, second = np.asarray(first), np.asarray(second)
+            shared_gradient += first[:, :n_shared].sum(axis=0)
+            shared_hessian += np.asarray(summed).reshape(n_shared, n_shared)
             for f, factor in enumerate(self.factors):
                 groups = np.asarray(indices[factor.gathers[0]], np.int64) % factor.n_groups
                 columns = factor.cell_columns
                 for i, column in enumerate(columns):
                     gradients[f][:, i] += np.bincount(
-                        groups, first[:, column], minlength=factor.n_groups
+                        groups, first[:, n_shared + column], minlength=factor.n_groups
                     )
                     for j, other in enumerate(columns):
                         hessians[f][:, i, j] += np.bincount(
-                            groups, second[:, column, other], minlength=factor.n_groups
+                            groups, second[:, n_shared + column, other], minlength=factor.n_groups
+                        )
+                    for d in range(n_shared):
+                        crosses[f][:, i, d] += np.bincount(
+                            groups, second[:, d, column], minlength=factor.n_groups
                         )
         self._reference_tables = tables
+        self._reference_q = q.copy()
+        self._crosses = crosses
+        self._shared = (shared_gradient, 0.5 * (shared_hessian + shared_hessian.T))
         self._quadratics = [
             GroupQuadratic(part.cells, gradient, 0.5 * (hessian + np.swapaxes(hessian, 1, 2)))
             for part, gradient, hessian in zip(parts, gradients, hessians, strict=True)
@@ -279,23 +318,127 @@ class GroupEffectsMH(SubsampleStepBase):
 
     def _row_terms(
         self,
-        f: int,
+        f: int | None,
         q: np.ndarray,
+        q_new: np.ndarray,
         old: GroupParts,
         new: GroupParts,
         rows: np.ndarray,
         residual: bool,
     ) -> np.ndarray:
-        """Return the rows' log-likelihood differences, or with ``residual`` their residuals."""
+        """Return the rows' log-likelihood differences, or with ``residual`` their residuals.
+
+        ``f`` is the factor whose effects moved, or None for a move of the shared coefficients.
+        """
         arrays = self.oracles.rows_at(rows)
         with np.errstate(invalid="ignore", over="ignore"):
             if not residual:
-                return np.asarray(self.functions.change(q, *old.tables, *new.tables, *arrays))
+                return np.asarray(
+                    self.functions.change(q, q_new, *old.tables, *new.tables, *arrays)
+                )
+            function = (
+                self.functions.residual[f] if f is not None else self.functions.direct_residual
+            )
+            assert function is not None
             return np.asarray(
-                self.functions.residual[f](
-                    q, *old.tables, *new.tables, *self._reference_tables, *arrays
+                function(
+                    q,
+                    q_new,
+                    self._reference_q,
+                    *old.tables,
+                    *new.tables,
+                    *self._reference_tables,
+                    *arrays,
                 )
             )
+
+    def _shifted(self, f: int, q: np.ndarray) -> GroupQuadratic:
+        """Factor ``f``'s expansion at the shared coefficients of ``q``.
+
+        Its cross terms with the shared coefficients, ``H_cD,g (v_D - v_D,ref)``, are linear in
+        the cells: they shift the groups' gradients (``docs/architecture.md``, "Group effects").
+        """
+        assert self._quadratics is not None
+        quadratic = self._quadratics[f]
+        direct = self.functions.direct_coordinates
+        if not direct.size:
+            return quadratic
+        offset = q[direct] - self._reference_q[direct]
+        shift = np.einsum("gcd,d->gc", self._crosses[f], offset)
+        return quadratic._replace(gradient=quadratic.gradient + shift)
+
+    def _shared_model(self, q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Return the quadratic model's gradient and Hessian in the shared coefficients at ``q``."""
+        assert self._quadratics is not None
+        direct = self.functions.direct_coordinates
+        gradient, hessian = self._shared
+        offset = q[direct] - self._reference_q[direct]
+        gradient = gradient + hessian @ offset
+        for f, quadratic in enumerate(self._quadratics):
+            moved = self._parts(f, q).cells - quadratic.reference_cells
+            gradient = gradient + np.einsum("gcd,gc->d", self._crosses[f], moved)
+        prior_gradient = self.oracles.log_prior_grad(q)[direct]
+        prior_hessian = np.empty((direct.size, direct.size))
+        for j, coordinate in enumerate(direct):
+            up, down = q.copy(), q.copy()
+            up[coordinate] += PRIOR_STEP
+            down[coordinate] -= PRIOR_STEP
+            difference = self.oracles.log_prior_grad(up) - self.oracles.log_prior_grad(down)
+            prior_hessian[:, j] = difference[direct] / (2.0 * PRIOR_STEP)
+        prior_hessian = 0.5 * (prior_hessian + prior_hessian.T)
+        return gradient + prior_gradient, hessian + prior_hessian
+
+    def _move_shared(self, q: np.ndarray) -> tuple[np.ndarray, SharedMoveInfo]:
+        """One Metropolis-Hastings move of the shared coefficients, the groups held.
+
+        A Student-t Newton proposal on the quadratic model (``_shared_model``), decided on
+        every row's residual (``kernels/group_effects.stratified_decision``, the groups as
+        strata), or exactly on every row where that test is not confident.
+        """
+        direct = self.functions.direct_coordinates
+        x = q[direct][None, :]
+        mean, vectors, values = newton_gaussian(x, *(a[None] for a in self._shared_model(q)))
+        x_new = draw_proposal(self.rng, mean, vectors, values)
+        log_u = float(np.log(self.rng.uniform()))
+        if not np.all(np.isfinite(x_new)):
+            return q, SharedMoveInfo(0, False, False)
+        q_new = q.copy()
+        q_new[direct] = x_new[0]
+        back = newton_gaussian(x_new, *(a[None] for a in self._shared_model(q_new)))
+        with np.errstate(invalid="ignore", over="ignore"):
+            rest = (
+                self.oracles.log_prior(q_new)
+                - self.oracles.log_prior(q)
+                + float(proposal_log_density(x, *back)[0])
+                - float(proposal_log_density(x_new, mean, vectors, values)[0])
+            )
+        if not np.isfinite(rest):
+            return q, SharedMoveInfo(0, False, False)
+        gradient, hessian = self._shared
+        old = q[direct] - self._reference_q[direct]
+        new = q_new[direct] - self._reference_q[direct]
+        known = float(gradient @ (new - old) + 0.5 * (new @ hessian @ new - old @ hessian @ old))
+        for f, quadratic in enumerate(self._quadratics or []):
+            moved = self._parts(f, q).cells - quadratic.reference_cells
+            known += float(np.einsum("gcd,gc->d", self._crosses[f], moved) @ (new - old))
+        parts = self._parts(0, q)
+        decision, read = stratified_decision(
+            self.rng,
+            log_u - rest - known,
+            self.layouts[0],
+            lambda rows: self._row_terms(None, q, q_new, parts, parts, rows, True),
+            self.batch_size,
+            self.error_tolerance,
+        )
+        full = decision is None
+        if decision is None:
+            total = 0.0
+            for chunk in row_chunks(self.oracles.n_rows, PASS_ROWS):
+                rows = np.arange(chunk.start, chunk.stop, dtype=np.int64)
+                total += float(self._row_terms(None, q, q_new, parts, parts, rows, False).sum())
+            read += self.oracles.n_rows
+            decision = bool(np.isfinite(total) and total + rest > log_u)
+        return (q_new if decision else q), SharedMoveInfo(read, bool(decision), full)
 
     def _move_hyperparameters(self, q: np.ndarray) -> tuple[np.ndarray, HyperWalkInfo]:
         """Exact moves of the coordinates no row reads directly, the groups' cells held fixed.
@@ -358,14 +501,14 @@ class GroupEffectsMH(SubsampleStepBase):
                 f: int = f,
                 point: np.ndarray = q,
             ) -> np.ndarray:
-                return self._row_terms(f, point, old, new, rows, residual)
+                return self._row_terms(f, point, point, old, new, rows, residual)
 
             q, info = group_effects_sweep(
                 self.rng,
                 q,
                 factor.coordinates,
                 partial(self._parts, f),
-                self._quadratics[f],
+                self._shifted(f, q),
                 layout,
                 terms,
                 self.batch_size,
@@ -376,10 +519,15 @@ class GroupEffectsMH(SubsampleStepBase):
         hyper = HyperWalkInfo(float("nan"), float("nan"))
         if self.hyperparameters is not None:
             q, hyper = self._move_hyperparameters(q)
+        shared = SharedMoveInfo(0, False, False)
+        if self.functions.direct_coordinates.size:
+            q, shared = self._move_shared(q)
+            totals["n_data"] += shared.shared_n_data
         n_groups = sum(factor.n_groups for factor in self.factors)
         stats: dict[str, Any] = {
             **totals,
             **hyper._asdict(),
+            **shared._asdict(),
             "n_groups": n_groups,
             "accept_rate": totals["n_accepted"] / max(n_groups, 1),
             "error_tolerance": self.error_tolerance,
