@@ -87,7 +87,7 @@ class HyperWalk:
             with np.errstate(all="ignore"):
                 candidate = log_target(proposal)
                 log_ratio = candidate - current
-            acceptance = min(1.0, math.exp(log_ratio)) if math.isfinite(log_ratio) else 0.0
+            acceptance = math.exp(min(log_ratio, 0.0)) if math.isfinite(log_ratio) else 0.0
             if rng.uniform() < acceptance:
                 h, current = proposal, candidate
                 accepted += 1

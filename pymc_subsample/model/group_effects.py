@@ -105,11 +105,9 @@ class GroupEffectFunctions(NamedTuple):
     direct_coordinates: np.ndarray
     #: ``(q_old, q_new, *old_tables, *new_tables, *rows) -> l_i``, the others read live.
     change: LazyFunction
-    #: Per factor, ``(q_old, q_new, q_ref, *old_tables, *new_tables, *reference_tables, *rows)
-    #: -> l_i - t_i`` for a move of the factor's effects (``_residual_graph``).
-    residual: tuple[LazyFunction, ...]
-    #: The same for a move of the shared coefficients; None where there are none.
-    direct_residual: LazyFunction | None
+    #: ``(q_old, q_new, q_ref, *old_tables, *new_tables, *reference_tables, *rows) ->
+    #: l_i - t_i`` for a move of a factor's effects or of the shared coefficients.
+    residual: LazyFunction
     #: ``(q, *cells, *rows) -> (F_i, dF_i/dcells, d2F_i/dcells2, _)`` at the frozen values.
     derivatives: LazyFunction
     #: ``rows -> each gather's group index``.
@@ -201,15 +199,7 @@ def group_effect_functions(
         ),
         direct_coordinates=direct,
         change=LazyFunction(partial(_change_graph, grouped), compile_kwargs),
-        residual=tuple(
-            LazyFunction(partial(_residual_graph, grouped, frozen_rows, f), compile_kwargs)
-            for f in factors
-        ),
-        direct_residual=(
-            LazyFunction(partial(_residual_graph, grouped, frozen_rows, None), compile_kwargs)
-            if direct.size
-            else None
-        ),
+        residual=LazyFunction(partial(_residual_graph, grouped, frozen_rows), compile_kwargs),
         derivatives=LazyFunction(
             partial(per_row_derivatives_graph, grouped._replace(rows_logp=frozen_rows)),
             compile_kwargs,
@@ -273,16 +263,16 @@ def _change_graph(grouped: GroupedRows) -> tuple[list[Variable], Variable]:
 
 
 def _residual_graph(
-    grouped: GroupedRows, frozen_rows: TensorVariable, factor: GroupFactor | None
+    grouped: GroupedRows, frozen_rows: TensorVariable
 ) -> tuple[list[Variable], Variable]:
     """Build ``l_i - t_i``: a move's change less its second-order proxy's.
 
     Row i's proxy is its second-order Taylor expansion around ``psi_r = (q_ref on the shared
-    coefficients, the reference cells)``, the other variables frozen at the reference. The
-    move is of ``factor``'s effects (the offsets ``a``, ``b`` of the old and new point from
-    ``psi_r`` share the shared coefficients' part and differ in the factor's cells; the other
-    factors' cells are held at the reference) or, with ``factor=None``, of the shared
-    coefficients (``a`` and ``b`` share every cell's offset). With ``g_i``, ``H_i`` the row's
+    coefficients, the reference cells)``, the other variables frozen at the reference. ``a``
+    and ``b`` are the old and new points' offsets from ``psi_r``: a move of a factor's effects
+    changes only that factor's cells (the shared coefficients' and other factors' offsets,
+    the same in both, enter through the cross terms), a move of the shared coefficients only
+    their part. With ``g_i``, ``H_i`` the row's
     gradient and Hessian at ``psi_r``, ``t_i = g_i . (b - a) + (b - a) . H_i (b + a) / 2``:
     two directional derivatives of the rows' vector (forward mode, as
     ``gradients.per_row_proxy_terms`` takes them), no gradient vector per row.
@@ -310,15 +300,12 @@ def _residual_graph(
     mask[grouped.direct] = 1.0
     shared_old = pt.constant(mask) * (q_old - q_ref)
     shared_new = pt.constant(mask) * (q_new - q_ref)
-    moved = set(range(n_gathers)) if factor is None else set(factor.gathers)
     offsets_old, offsets_new = [], []
     for k in range(n_gathers):
-        if factor is None or k in moved:
-            offsets_old.append(old_cells[k] - points[k])
-            offsets_new.append(new_cells[k] - points[k])
-        else:
-            offsets_old.append(pt.zeros_like(points[k]))
-            offsets_new.append(pt.zeros_like(points[k]))
+        # Every cell's offset from the reference: a factor's move changes only its own, the
+        # others' enter through the cross terms (the same in a and b).
+        offsets_old.append(old_cells[k] - points[k])
+        offsets_new.append(new_cells[k] - points[k])
     # Only where the rows read shared coefficients is q_ref an input of the expansion.
     shared = [q_ref] if grouped.direct.size else []
     wrt = [*shared, *points]

@@ -8,6 +8,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 import pymc as pm
+import scipy.sparse as sparse
 from pymc.blocking import RaveledVars
 from pymc.step_methods.compound import StepMethodState
 from pymc.step_methods.state import dataclass_state
@@ -56,6 +57,9 @@ NEWTON_MOVE = 1.0
 #: Step of the central differences of the prior's gradient that give its Hessian in the
 #: shared coefficients (a handful of coordinates; the model's Hessian is the rows').
 PRIOR_STEP = 1e-5
+#: A shared coefficient and a cell entry whose per-row derivatives agree to this relative
+#: error on every row are read only through their sum (a ridge, ``_move_ridges``).
+RIDGE_TOLERANCE = 1e-9
 #: Rows per call of the reference pass.
 PASS_ROWS = 65_536
 
@@ -175,7 +179,19 @@ class GroupEffectsMH(SubsampleStepBase):
         self._quadratics: list[GroupQuadratic] | None = None
         self._reference_tables: tuple[np.ndarray, ...] = ()
         self._reference_q = self.oracles.initial_q.copy()
+        #: Pairs (shared coefficient, factor, cell entry) the rows read only through their
+        #: sum (``_move_ridges``), found at the first expansion; the largest gap between the
+        #: two per-row derivatives and the largest derivative, while they are being compared.
+        self.ridges: list[tuple[int, int, int]] = []
+        self._ridge_walks: list[HyperWalk] = []
+        self._ridge_gaps: dict[tuple[int, int, int], tuple[float, float]] | None = {
+            (d, f, j): (0.0, 0.0)
+            for d in range(self.functions.direct_coordinates.size)
+            for f, factor in enumerate(self.factors)
+            for j in range(factor.cell_size)
+        }
         self._crosses: list[np.ndarray] = []
+        self._factor_crosses: dict[tuple[int, int, int, int], Any] = {}
         n_shared = self.functions.direct_coordinates.size
         self._shared = (np.zeros(n_shared), np.zeros((n_shared, n_shared)))
         self.oracles.ensure_rows_finite()
@@ -233,43 +249,50 @@ class GroupEffectsMH(SubsampleStepBase):
     def _recentre(self, q: np.ndarray, newton_steps: int = 0) -> None:
         """Expand every group's likelihood around its current cells, or near its mode.
 
-        With ``newton_steps``, the expansion point first moves by up to that many Newton steps
-        of every group's conditional (each a pass over the rows), stopping once no group moves
+        With ``newton_steps``, the expansion point first moves by up to that many rounds of
+        Newton steps, one block at a time (each factor's effects, then the shared
+        coefficients), each after a pass over the rows at the point the last block left:
+        blocks moved at once would each absorb the same misfit (an intercept and the groups'
+        effects it is confounded with) and overshoot together. It stops once no block moved
         by more than :data:`SETTLED` of its conditional sd: a chain's start is often far out,
         where the expansion would make poor proposals.
         """
         self.oracles.freeze_shared()
         point = q.copy()
+        blocks: list[int | None] = [*range(len(self.factors))]
+        if self.functions.direct_coordinates.size:
+            blocks.append(None)
         for _ in range(newton_steps):
-            self._expand(point)
-            assert self._quadratics is not None
             largest = 0.0
-            for f, factor in enumerate(self.factors):
-                x = point[factor.coordinates]
-                parts = self._parts(f, point)
-                mode, _, values = newton_gaussian(x, *model_derivatives(parts, self._quadratics[f]))
-                step = mode - x
-                # A Newton step from far out can overshoot without bound (a log link's
-                # rows grow like exp of the move): at most NEWTON_MOVE per coordinate.
-                longest = np.max(np.abs(step), axis=1, keepdims=True, initial=0.0)
-                step = step * np.minimum(1.0, NEWTON_MOVE / np.maximum(longest, 1e-300))
-                usable = np.isfinite(step).all(axis=1)
-                moved = np.abs(step) * np.sqrt(values)
-                largest = max(largest, float(np.max(moved[usable], initial=0.0)))
-                point[factor.coordinates[usable]] = x[usable] + step[usable]
-            direct = self.functions.direct_coordinates
-            if direct.size:
-                x = point[direct][None, :]
-                model = self._shared_model(point)
-                mode, _, values = newton_gaussian(x, model[0][None], model[1][None])
-                step = (mode - x)[0]
-                step = step * min(1.0, NEWTON_MOVE / max(float(np.max(np.abs(step))), 1e-300))
-                if np.all(np.isfinite(step)):
-                    largest = max(largest, float(np.max(np.abs(step) * np.sqrt(values[0]))))
-                    point[direct] = point[direct] + step
+            for block in blocks:
+                self._expand(point)
+                largest = max(largest, self._newton_block(point, block))
             if largest < SETTLED:
                 break
         self._expand(point)
+
+    def _newton_block(self, point: np.ndarray, block: int | None) -> float:
+        """Move one block of ``point`` by a capped Newton step; its largest move in sds.
+
+        A Newton step from far out can overshoot without bound (a log link's rows grow like
+        the exponential of the move): at most :data:`NEWTON_MOVE` per coordinate.
+        """
+        assert self._quadratics is not None
+        if block is None:
+            coordinates = self.functions.direct_coordinates[None, :]
+            gradient, hessian = self._shared_model(point)
+            derivatives = (gradient[None], hessian[None])
+        else:
+            coordinates = self.factors[block].coordinates
+            derivatives = model_derivatives(self._parts(block, point), self._shifted(block, point))
+        x = point[coordinates]
+        mode, _, values = newton_gaussian(x, *derivatives)
+        step = mode - x
+        longest = np.max(np.abs(step), axis=1, keepdims=True, initial=0.0)
+        step = step * np.minimum(1.0, NEWTON_MOVE / np.maximum(longest, 1e-300))
+        usable = np.isfinite(step).all(axis=1)
+        point[coordinates[usable]] = x[usable] + step[usable]
+        return float(np.max((np.abs(step) * np.sqrt(values))[usable], initial=0.0))
 
     def _expand(self, q: np.ndarray) -> None:
         """Expand every group's likelihood around its cells at ``q``: one pass over the rows."""
@@ -279,6 +302,9 @@ class GroupEffectsMH(SubsampleStepBase):
         gradients = [np.zeros((f.n_groups, f.cell_size)) for f in self.factors]
         hessians = [np.zeros((f.n_groups, f.cell_size, f.cell_size)) for f in self.factors]
         crosses = [np.zeros((f.n_groups, f.cell_size, n_shared)) for f in self.factors]
+        #: (f, h, i, j) -> sparse (G_f, G_h): the rows' d2F / dc_f,i dc_h,j summed by the
+        #: pair of groups they read (crossed factors).
+        factor_crosses: dict[tuple[int, int, int, int], Any] = {}
         shared_gradient = np.zeros(n_shared)
         shared_hessian = np.zeros((n_shared, n_shared))
         for chunk in row_chunks(self.oracles.n_rows, PASS_ROWS):
@@ -290,6 +316,8 @@ class GroupEffectsMH(SubsampleStepBase):
             # psi = (shared coefficients, every gather's cells): first (n, m), second
             # (n, m, cells) (per_row_derivatives_graph).
             first, second = np.asarray(first), np.asarray(second)
+            if self._ridge_gaps is not None:
+                self._watch_ridges(first)
             shared_gradient += first[:, :n_shared].sum(axis=0)
             shared_hessian += np.asarray(summed).reshape(n_shared, n_shared)
             for f, factor in enumerate(self.factors):
@@ -307,14 +335,86 @@ class GroupEffectsMH(SubsampleStepBase):
                         crosses[f][:, i, d] += np.bincount(
                             groups, second[:, d, column], minlength=factor.n_groups
                         )
+            self._add_factor_crosses(factor_crosses, indices, second)
         self._reference_tables = tables
+        self._factor_crosses = factor_crosses
         self._reference_q = q.copy()
         self._crosses = crosses
         self._shared = (shared_gradient, 0.5 * (shared_hessian + shared_hessian.T))
+        if self._ridge_gaps is not None:
+            self._settle_ridges()
         self._quadratics = [
             GroupQuadratic(part.cells, gradient, 0.5 * (hessian + np.swapaxes(hessian, 1, 2)))
             for part, gradient, hessian in zip(parts, gradients, hessians, strict=True)
         ]
+
+    def _watch_ridges(self, first: np.ndarray) -> None:
+        """Compare each shared coefficient's per-row derivative with each factor cell's."""
+        assert self._ridge_gaps is not None
+        n_shared = self.functions.direct_coordinates.size
+        for (d, f, j), (gap, scale) in list(self._ridge_gaps.items()):
+            column = n_shared + int(self.factors[f].cell_columns[j])
+            self._ridge_gaps[d, f, j] = (
+                max(gap, float(np.max(np.abs(first[:, d] - first[:, column]), initial=0.0))),
+                max(scale, float(np.max(np.abs(first[:, d]), initial=0.0))),
+            )
+
+    def _settle_ridges(self) -> None:
+        """Keep the pairs the rows read only through their sum: ``intercept + u[g]``."""
+        assert self._ridge_gaps is not None
+        self.ridges = [
+            pair
+            for pair, (gap, scale) in self._ridge_gaps.items()
+            if scale > 0.0 and gap <= RIDGE_TOLERANCE * scale
+        ]
+        self._ridge_walks = [HyperWalk(1) for _ in self.ridges]
+        self._ridge_gaps = None  # decided at the chain's first expansion, once
+
+    def _move_ridges(self, q: np.ndarray) -> np.ndarray:
+        """Exact moves along each ridge: a shared coefficient up, a factor's cells down.
+
+        Where the rows read a shared coefficient ``v_d`` and a factor's cell entry ``c_j`` only
+        through ``v_d + c_j`` (an intercept and random intercepts), moving ``v_d`` by ``delta``
+        and every group's ``c_j`` by ``-delta`` leaves every row unchanged, so the move's
+        acceptance is the prior's ratio alone; the blocked updates cross that ridge only by
+        steps of the conditional sds. The effects follow the cells through the factor's
+        Jacobian (a translation, volume-preserving); a move whose cells do not follow exactly
+        (a table not affine in the effects) is rejected.
+        """
+        for (d, f, j), walk in zip(self.ridges, self._ridge_walks, strict=True):
+            q = self._ridge_move(q, d, f, j, walk)
+        return q
+
+    def _ridge_move(self, q: np.ndarray, d: int, f: int, j: int, walk: HyperWalk) -> np.ndarray:
+        """One ridge's random-walk moves (``_move_ridges``)."""
+        coordinates = self.factors[f].coordinates
+        shared = self.functions.direct_coordinates[d]
+        parts = self._parts(f, q)
+        unit = np.zeros(parts.cells.shape[1])
+        unit[j] = 1.0
+        try:
+            direction = np.linalg.solve(
+                parts.jacobian, np.broadcast_to(unit, parts.cells.shape)[..., None]
+            )[..., 0]
+        except np.linalg.LinAlgError:
+            return q
+
+        def moved(delta: np.ndarray) -> np.ndarray:
+            point = q.copy()
+            point[shared] += float(delta[0])
+            point[coordinates] = q[coordinates] - float(delta[0]) * direction
+            return point
+
+        def log_target(delta: np.ndarray) -> float:
+            point = moved(delta)
+            expected = parts.cells.copy()
+            expected[:, j] -= float(delta[0])
+            if not np.allclose(self._parts(f, point).cells, expected, rtol=1e-9, atol=1e-9):
+                return -np.inf
+            return self.oracles.log_prior(point)
+
+        delta, _ = walk(self.rng, np.zeros(1), log_target, self.tune)
+        return moved(delta)
 
     def _row_terms(
         self,
@@ -336,12 +436,8 @@ class GroupEffectsMH(SubsampleStepBase):
                 return np.asarray(
                     self.functions.change(q, q_new, *old.tables, *new.tables, *arrays)
                 )
-            function = (
-                self.functions.residual[f] if f is not None else self.functions.direct_residual
-            )
-            assert function is not None
             return np.asarray(
-                function(
+                self.functions.residual(
                     q,
                     q_new,
                     self._reference_q,
@@ -352,19 +448,51 @@ class GroupEffectsMH(SubsampleStepBase):
                 )
             )
 
-    def _shifted(self, f: int, q: np.ndarray) -> GroupQuadratic:
-        """Factor ``f``'s expansion at the shared coefficients of ``q``.
+    def _add_factor_crosses(
+        self,
+        sums: dict[tuple[int, int, int, int], Any],
+        indices: Sequence[np.ndarray],
+        second: np.ndarray,
+    ) -> None:
+        """Add a chunk's cross derivatives between two factors' cells, by pair of groups."""
+        n_shared = self.functions.direct_coordinates.size
+        for f, factor in enumerate(self.factors):
+            rows = np.asarray(indices[factor.gathers[0]], np.int64) % factor.n_groups
+            for h, other in enumerate(self.factors):
+                if h == f:
+                    continue
+                columns = np.asarray(indices[other.gathers[0]], np.int64) % other.n_groups
+                for i, cell in enumerate(factor.cell_columns):
+                    for j, other_cell in enumerate(other.cell_columns):
+                        chunk = sparse.coo_matrix(
+                            (second[:, n_shared + cell, other_cell], (rows, columns)),
+                            shape=(factor.n_groups, other.n_groups),
+                        ).tocsr()
+                        key = (f, h, i, j)
+                        sums[key] = chunk if key not in sums else sums[key] + chunk
 
-        Its cross terms with the shared coefficients, ``H_cD,g (v_D - v_D,ref)``, are linear in
-        the cells: they shift the groups' gradients (``docs/architecture.md``, "Group effects").
+    def _shifted(self, f: int, q: np.ndarray) -> GroupQuadratic:
+        """Factor ``f``'s expansion at the shared coefficients and other factors of ``q``.
+
+        Its cross terms with the shared coefficients, ``H_cD,g (v_D - v_D,ref)``, and with the
+        other factors' cells, ``sum_h H_fh (c_h - c_h,ref)`` summed by pair of groups, are
+        linear in its cells: they shift the groups' gradients (``docs/architecture.md``,
+        "Group effects").
         """
         assert self._quadratics is not None
         quadratic = self._quadratics[f]
+        shift = np.zeros_like(quadratic.gradient)
         direct = self.functions.direct_coordinates
-        if not direct.size:
-            return quadratic
-        offset = q[direct] - self._reference_q[direct]
-        shift = np.einsum("gcd,d->gc", self._crosses[f], offset)
+        if direct.size:
+            offset = q[direct] - self._reference_q[direct]
+            shift += np.einsum("gcd,d->gc", self._crosses[f], offset)
+        for h, other in enumerate(self._quadratics):
+            if h == f:
+                continue
+            moved = self._parts(h, q).cells - other.reference_cells
+            for i in range(shift.shape[1]):
+                for j in range(moved.shape[1]):
+                    shift[:, i] += self._factor_crosses[f, h, i, j] @ moved[:, j]
         return quadratic._replace(gradient=quadratic.gradient + shift)
 
     def _shared_model(self, q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -516,6 +644,8 @@ class GroupEffectsMH(SubsampleStepBase):
             )
             for field, value in info._asdict().items():
                 totals[field] += value
+        if self.ridges:
+            q = self._move_ridges(q)
         hyper = HyperWalkInfo(float("nan"), float("nan"))
         if self.hyperparameters is not None:
             q, hyper = self._move_hyperparameters(q)
