@@ -72,32 +72,42 @@ class GroupEffectsState(StepMethodState):
 
 
 class GroupEffectsMH(SubsampleStepBase):
-    r"""Metropolis-Hastings on a hierarchy's group effects: one test per group, on its rows.
+    r"""Sample a hierarchical model by its structure: one test per group, on its own rows.
 
     In a hierarchical model the group effects (``a`` in ``a = pm.Normal("a", mu, sd,
-    dims="group")`` read by the rows as ``a[group_idx]``) are independent given every other
-    variable, and group g's conditional reads only group g's rows. A draw proposes new effects
-    for every group at once, from a Newton step on a quadratic model of its conditional (the
-    prior's own derivatives, and the likelihood's second-order expansion in the group's
-    parameters summed exactly over its rows), and accepts or rejects each group on its own:
-    small groups on all their rows, larger ones on a batch of rows with the expansion as a
-    control variate and the sequential t-test of :class:`AusterityMH` (Korattikara et al.
-    2014, Algorithm 1, with the group as the population). ``docs/architecture.md``,
-    "Group effects", gives the estimator and the proposal.
+    dims="group")``, or ``z`` in ``a = mu + sd * z``, read by the rows as ``a[group_idx]``)
+    are independent given every other variable, and group g's conditional reads only group
+    g's rows. A draw is a Gibbs sweep:
 
-    Sample the other variables with another step in the same ``pm.sample`` call:
-    ``step=[pms.GroupEffectsMH([a, b]), pms.AusterityMH([mu, sd, beta])]``. Never assigned
-    automatically.
+    1. every group's effects are proposed at once, by a Newton step on a quadratic model of
+       its conditional (the prior's derivatives, and the likelihood's second-order expansion
+       in the group's parameters summed exactly over its rows), and each group is accepted
+       or rejected on its own: small groups on all their rows, larger ones on a batch of
+       rows with the expansion as a control variate and the sequential t-test of
+       :class:`AusterityMH` (Korattikara et al. 2014, Algorithm 1, the group as the
+       population); one factor after the other where the rows have crossed factors;
+    2. coefficients the rows read only through their sum with a group's parameters (an
+       intercept beside random intercepts) move along that ridge, exactly;
+    3. hyperparameters (the groups' mean and scale) move with the groups' parameters held
+       fixed, which reads no row (Yu and Meng 2011's sufficient-augmentation update; a
+       non-centred model's effects follow);
+    4. coefficients shared by every row move by one Newton proposal, decided on a sample of
+       rows stratified by group with the expansion as a control variate (every row where
+       that test is not confident).
+
+    ``docs/architecture.md``, "Group effects", gives the estimators and the proposals. Never
+    assigned automatically: pass it as ``step=``.
 
     Parameters
     ----------
     vars : list of variables, optional
-        The group effects: continuous free variables whose first axis is the groups' axis,
-        read by the rows only through a group index (default: every continuous free variable,
-        which holds only where the model has nothing else).
+        The variables to sample (default: every continuous free variable). Each must be a
+        group effect (its first axis the groups' axis, read through a group index), a
+        hyperparameter (read by no row, or only inside the groups' parameters), or a
+        coefficient the rows read directly.
     error_tolerance : float, default 0.01
-        Probability of a wrong decision allowed in each sampled group's t-test, in [0, 0.5);
-        0 reads every row of every group (exact Metropolis-within-Gibbs).
+        Probability of a wrong decision allowed in each sampled test, in [0, 0.5); 0 reads
+        every row (exact Metropolis-within-Gibbs).
     batch_size : int, default 50
         Rows read per group whose test is sampled; groups of at most this many rows are
         decided exactly on all of them.
@@ -112,16 +122,38 @@ class GroupEffectsMH(SubsampleStepBase):
     Raises
     ------
     ValueError
-        If the variables' conditional posterior does not factorise over groups: a variable
-        the rows read directly, a variable on an axis other than the groups', a prior that
-        couples groups, or another variable whose prior reads them.
+        If the model has no group index, or the variables' conditional posterior does not
+        factorise over groups: a prior or group parameter that couples groups, another
+        variable whose prior reads them, a variable read both directly and inside the
+        groups' parameters, or group parameters that read hyperparameters without being
+        affine in the effects.
 
     Notes
     -----
-    Sample statistics per draw: ``n_data`` (rows read), ``n_groups`` (groups updated),
-    ``n_accepted`` (groups whose proposal was accepted), ``accept_rate`` (their share),
-    ``n_full_groups`` (groups decided on all their rows), ``n_nonfinite`` (groups whose
-    proposal gave a non-finite value, rejected), ``error_tolerance`` and ``batch_size``.
+    Sample statistics per draw: ``n_data`` (rows read by every test of the draw),
+    ``n_groups`` (groups updated), ``n_accepted`` and ``accept_rate`` (groups whose proposal
+    was accepted, and their share), ``n_full_groups`` (groups decided on all their rows),
+    ``n_nonfinite`` (groups whose proposal gave a non-finite value, rejected),
+    ``hyper_accept_rate`` and ``hyper_scale`` (the hyperparameters' moves),
+    ``shared_n_data``, ``shared_accepted`` and ``shared_full_data`` (the shared
+    coefficients' move), ``error_tolerance`` and ``batch_size``.
+
+    Examples
+    --------
+    >>> import numpy as np, pymc as pm, pymc_subsample as pms
+    >>> rng = np.random.default_rng(0)
+    >>> group = rng.integers(0, 20, 20_000)
+    >>> y = rng.poisson(np.exp(rng.normal(0.5, 0.5, 20)[group]))
+    >>> with pm.Model(coords={"group": range(20)}):
+    ...     mu = pm.Normal("mu", 0.0, 2.0)
+    ...     sd = pm.HalfNormal("sd", 1.0)
+    ...     a = pm.Normal("a", mu, sd, dims="group")
+    ...     _ = pm.Poisson("y", pm.math.exp(a[group]), observed=y)
+    ...     idata = pm.sample(draws=300, tune=200, chains=1, step=pms.GroupEffectsMH(),
+    ...                       progressbar=False, random_seed=1, compute_convergence_checks=False)
+    >>> log_rates = np.log(np.bincount(group, y) / np.bincount(group))
+    >>> bool(abs(float(idata.posterior["mu"].mean()) - log_rates.mean()) < 0.1)
+    True
     """
 
     name = "group_effects_mh"
