@@ -352,7 +352,7 @@ def test_crossed_factors_and_an_intercept_match_the_exact_gaussian_posterior():
             random_seed=9,
             compute_convergence_checks=False,
         )
-    assert step.ridges, "the intercept's ridges with u and v were not found"
+    assert step.expansion.ridges, "the intercept's ridges with u and v were not found"
     design = np.zeros((y.size, 1 + N_SITES + N_YEARS))
     design[:, 0] = 1.0
     design[np.arange(y.size), 1 + site] = 1.0

@@ -47,6 +47,7 @@ PARTS = frozenset(
         "defaults",
         "diagnostics",
         "fused_path",
+        "group_expansion",
         "progress",
         "proposal_parts",
         "sgfs_checks",

@@ -13,18 +13,14 @@ moving half the groups' effects and watching which tables and prior terms change
 what a per-group update reads (``kernels/group_effects.py``; ``docs/architecture.md``, "Group
 effects"):
 
-- ``parts``, data-free, per grouping factor: each group's prior term, its gradient and Hessian
-  block in ``x_g``, the factor's cells ``T(x)[g]`` and their Jacobian block in ``x_g`` (one
-  forward-mode pass per coordinate of a group: every group's j-th coordinate moves at once,
-  which is exact because no cell or prior term reads two groups);
-- ``change``, per row, the log-likelihood's difference between two sets of tables, with the
-  other model variables read live;
-- ``residual``, per factor and row, that difference less the difference of the row's
-  second-order Taylor proxy in the factor's cells around the reference tables, the other
-  variables frozen at the reference (the control variate, ``docs/control_variates.md``): one
-  call reads the rows' groups, their cells and both terms;
-- ``derivatives``, per row, the first and second derivatives in the cells at the reference, for
-  the exact sums of the proxies over each group.
+- ``parts``, data-free, per grouping factor (``group_graphs.parts_graph``);
+- ``change``, per row, the log-likelihood's difference between two points and sets of
+  tables, the other model variables read live (``group_graphs.change_graph``);
+- ``residual``, per row, that difference less the difference of the row's second-order
+  Taylor proxy in ``(shared coefficients, cells)`` around the reference, the other variables
+  frozen there (the control variate, ``group_graphs.residual_graph``);
+- ``derivatives``, per row, the first and second derivatives in ``psi`` at the reference, for
+  the exact sums of the proxies by group.
 """
 
 from __future__ import annotations
@@ -35,15 +31,19 @@ from typing import Any, NamedTuple, cast
 
 import numpy as np
 import pytensor
-import pytensor.tensor as pt
-from pytensor.gradient import disconnected_grad
 from pytensor.graph.basic import Variable
 from pytensor.graph.replace import clone_replace
 from pytensor.graph.traversal import ancestors
 from pytensor.tensor.variable import TensorVariable
 
 from pymc_subsample.model.compiled import LazyFunction
-from pymc_subsample.model.gradients import _pushforward
+from pymc_subsample.model.group_graphs import (
+    GroupFactor,
+    change_graph,
+    parts_graph,
+    residual_graph,
+    variable_offsets,
+)
 from pymc_subsample.model.grouped_rows import (
     GroupedRows,
     find_grouped_rows,
@@ -52,43 +52,6 @@ from pymc_subsample.model.grouped_rows import (
 )
 
 __all__ = ["GroupFactor", "GroupEffectFunctions", "group_effect_functions"]
-
-
-class GroupFactor(NamedTuple):
-    """One grouping factor: the tables read by one group index, and the effects behind them.
-
-    Attributes
-    ----------
-    gathers : tuple of int
-        The factor's gathers (positions in ``GroupedRows.gathers``), all indexed alike.
-    n_groups : int
-    coordinates : ndarray
-        ``(n_groups, k)`` int64: group g's effects are ``q[coordinates[g]]``.
-    cell_columns : ndarray
-        The factor's cells among a row's cell entries (positions in the concatenation of every
-        gather's cell, the ``psi`` layout of ``per_row_derivatives_graph`` without direct
-        coordinates).
-    reads_hyperparameters : bool
-        Whether its tables read step variables other than its effects (a non-centred
-        hierarchy's ``mu`` and ``sd``); they are then affine in the effects, with one cell
-        entry per effect (checked).
-    """
-
-    gathers: tuple[int, ...]
-    n_groups: int
-    coordinates: np.ndarray
-    cell_columns: np.ndarray
-    reads_hyperparameters: bool
-
-    @property
-    def size(self) -> int:
-        """``k``: the effects of one group."""
-        return int(self.coordinates.shape[1])
-
-    @property
-    def cell_size(self) -> int:
-        """``c``: the cells of one group."""
-        return int(self.cell_columns.size)
 
 
 class GroupEffectFunctions(NamedTuple):
@@ -194,12 +157,12 @@ def group_effect_functions(
         factors=factors,
         free_coordinates=free,
         parts=tuple(
-            LazyFunction(partial(_parts_graph, grouped, prior_terms, var_layout, f), compile_kwargs)
+            LazyFunction(partial(parts_graph, grouped, prior_terms, var_layout, f), compile_kwargs)
             for f in factors
         ),
         direct_coordinates=direct,
-        change=LazyFunction(partial(_change_graph, grouped), compile_kwargs),
-        residual=LazyFunction(partial(_residual_graph, grouped, frozen_rows), compile_kwargs),
+        change=LazyFunction(partial(change_graph, grouped), compile_kwargs),
+        residual=LazyFunction(partial(residual_graph, grouped, frozen_rows), compile_kwargs),
         derivatives=LazyFunction(
             partial(per_row_derivatives_graph, grouped._replace(rows_logp=frozen_rows)),
             compile_kwargs,
@@ -210,151 +173,11 @@ def group_effect_functions(
     )
 
 
-def _table_inputs(grouped: GroupedRows, name: str) -> list[TensorVariable]:
-    """One float64 ``(n_groups, cell_size)`` input per gather (the ``parts`` tables' layout)."""
-    return [
-        pt.matrix(f"{name}_{k}", dtype="float64", shape=(gather.n_groups, gather.cell_size))
-        for k, gather in enumerate(grouped.gathers)
-    ]
-
-
-def _row_cells(grouped: GroupedRows, tables: Sequence[TensorVariable]) -> list[TensorVariable]:
-    """Each row's cell of every gather, read from the tables by the rows' group indices."""
-    cells = []
-    for gather, table in zip(grouped.gathers, tables, strict=True):
-        index = pt.cast(gather.group_index, "int64")
-        cell = table[index].reshape((index.shape[0], *gather.cell.type.shape[1:]))
-        cells.append(pt.cast(cell, gather.cell.dtype))
-    return cells
-
-
-def _at_cells(
-    rows_logp: TensorVariable, grouped: GroupedRows, cells: Sequence[TensorVariable]
-) -> TensorVariable:
-    replace: dict[Variable, Variable] = {
-        gather.cell: cell for gather, cell in zip(grouped.gathers, cells, strict=True)
-    }
-    return cast(TensorVariable, clone_replace(rows_logp, replace=replace, rebuild_strict=False))
-
-
-def _at_point(rows_logp: TensorVariable, grouped: GroupedRows, point: Variable) -> TensorVariable:
-    """Return the rows' graph reading the shared coefficients from ``point``, not ``q``."""
-    replace: dict[Variable, Variable] = {grouped.vector: point}
-    return cast(TensorVariable, clone_replace(rows_logp, replace=replace, rebuild_strict=False))
-
-
-def _change(
-    grouped: GroupedRows,
-) -> tuple[list[Variable], list[TensorVariable], TensorVariable]:
-    """``l_i = F_i(q_new, new cells) - F_i(q_old, old cells)``: inputs, tables and graph."""
-    old, new = _table_inputs(grouped, "old"), _table_inputs(grouped, "new")
-    q_new = grouped.vector.type("q_new")
-    rows = grouped.rows_logp
-    change = _at_cells(_at_point(rows, grouped, q_new), grouped, _row_cells(grouped, new)) - (
-        _at_cells(rows, grouped, _row_cells(grouped, old))
-    )
-    return [grouped.vector, q_new], [*old, *new], change
-
-
-def _change_graph(grouped: GroupedRows) -> tuple[list[Variable], Variable]:
-    """Build ``l_i = F_i(q_new, new cells) - F_i(q_old, old cells)``."""
-    points, tables, change = _change(grouped)
-    return [*points, *tables, *grouped.row_inputs], change
-
-
-def _residual_graph(
-    grouped: GroupedRows, frozen_rows: TensorVariable
-) -> tuple[list[Variable], Variable]:
-    """Build ``l_i - t_i``: a move's change less its second-order proxy's.
-
-    Row i's proxy is its second-order Taylor expansion around ``psi_r = (q_ref on the shared
-    coefficients, the reference cells)``, the other variables frozen at the reference. ``a``
-    and ``b`` are the old and new points' offsets from ``psi_r``: a move of a factor's effects
-    changes only that factor's cells (the shared coefficients' and other factors' offsets,
-    the same in both, enter through the cross terms), a move of the shared coefficients only
-    their part. With ``g_i``, ``H_i`` the row's
-    gradient and Hessian at ``psi_r``, ``t_i = g_i . (b - a) + (b - a) . H_i (b + a) / 2``:
-    two directional derivatives of the rows' vector (forward mode, as
-    ``gradients.per_row_proxy_terms`` takes them), no gradient vector per row.
-    """
-    points_q, tables, change = _change(grouped)
-    q_old, q_new = points_q
-    n_gathers = len(grouped.gathers)
-    old, new = tables[:n_gathers], tables[n_gathers:]
-    reference = _table_inputs(grouped, "reference")
-    q_ref = grouped.vector.type("q_ref")
-    old_cells = [pt.cast(c, "float64") for c in _row_cells(grouped, old)]
-    new_cells = [pt.cast(c, "float64") for c in _row_cells(grouped, new)]
-    reference_cells = [pt.cast(c, "float64") for c in _row_cells(grouped, reference)]
-    # The expansion is taken at placeholders for the reference cells, put in after.
-    points = [
-        pt.tensor(f"point_{k}", dtype="float64", shape=(None, *gather.cell.type.shape[1:]))
-        for k, gather in enumerate(grouped.gathers)
-    ]
-    cast_points = [
-        pt.cast(point, gather.cell.dtype)
-        for point, gather in zip(points, grouped.gathers, strict=True)
-    ]
-    at_reference = _at_cells(_at_point(frozen_rows, grouped, q_ref), grouped, cast_points)
-    mask = np.zeros(int(cast(Any, grouped.vector.type).shape[0]))
-    mask[grouped.direct] = 1.0
-    shared_old = pt.constant(mask) * (q_old - q_ref)
-    shared_new = pt.constant(mask) * (q_new - q_ref)
-    offsets_old, offsets_new = [], []
-    for k in range(n_gathers):
-        # Every cell's offset from the reference: a factor's move changes only its own, the
-        # others' enter through the cross terms (the same in a and b).
-        offsets_old.append(old_cells[k] - points[k])
-        offsets_new.append(new_cells[k] - points[k])
-    # Only where the rows read shared coefficients is q_ref an input of the expansion.
-    shared = [q_ref] if grouped.direct.size else []
-    wrt = [*shared, *points]
-    step = [
-        *(shared_new - shared_old for _ in shared),
-        *(b - a for a, b in zip(offsets_old, offsets_new, strict=True)),
-    ]
-    centre = [
-        *(disconnected_grad(shared_new + shared_old) for _ in shared),
-        *(disconnected_grad(b + a) for a, b in zip(offsets_old, offsets_new, strict=True)),
-    ]
-    along_step = _along(at_reference, wrt, step)
-    along_centre = _along(at_reference, wrt, centre)
-    second = _along(along_centre, wrt, step)
-    proxy = cast(
-        TensorVariable,
-        clone_replace(
-            along_step + 0.5 * second,
-            replace=cast(
-                dict[Variable, Variable],
-                dict(zip(points, reference_cells, strict=True)),
-            ),
-            rebuild_strict=False,
-        ),
-    )
-    inputs: list[Variable] = [q_old, q_new, q_ref, *old, *new, *reference, *grouped.row_inputs]
-    return inputs, change - proxy
-
-
-def _along(
-    rows: TensorVariable, wrt: Sequence[Variable], directions: Sequence[Variable]
-) -> TensorVariable:
-    """Per-row derivative of ``rows`` along ``directions`` (one per input in ``wrt``).
-
-    The sum of one pushforward per input: PyTensor's pushforward of a list of inputs kept only
-    one of them here.
-    """
-    terms = [
-        cast(TensorVariable, _pushforward(rows, point, direction))
-        for point, direction in zip(wrt, directions, strict=True)
-    ]
-    return cast(TensorVariable, sum(terms[1:], terms[0]))
-
-
 def _coordinates_read_by_tables(
     grouped: GroupedRows, var_layout: Sequence[tuple[str, tuple[int, ...]]], q0: np.ndarray
 ) -> np.ndarray:
     """Coordinates of every step variable some table reads."""
-    starts = _offsets(var_layout)
+    starts = variable_offsets(var_layout)
     read: set[int] = set()
     for gather in grouped.gathers:
         read.update(_variables_read(gather.table, grouped.vector, var_layout, q0))
@@ -365,11 +188,6 @@ def _coordinates_read_by_tables(
     return np.concatenate(pieces) if pieces else np.zeros(0, np.int64)
 
 
-def _offsets(var_layout: Sequence[tuple[str, tuple[int, ...]]]) -> list[int]:
-    sizes = [int(np.prod(shape, dtype=int)) for _, shape in var_layout]
-    return [int(x) for x in np.concatenate([[0], np.cumsum(sizes)])[:-1]]
-
-
 def _factors(
     grouped: GroupedRows, var_layout: Sequence[tuple[str, tuple[int, ...]]], q0: np.ndarray
 ) -> tuple[GroupFactor, ...] | str:
@@ -377,7 +195,7 @@ def _factors(
     by_index: dict[Variable, list[int]] = {}
     for k, gather in enumerate(grouped.gathers):
         by_index.setdefault(gather.group_index, []).append(k)
-    offsets = _offsets(var_layout)
+    offsets = variable_offsets(var_layout)
     cell_starts = np.concatenate([[0], np.cumsum([g.cell_size for g in grouped.gathers])])
     q = grouped.vector
     # Which step variables each gather's table reads: through q's slices (join_nonshared_inputs).
@@ -450,7 +268,7 @@ def _variables_read(
     base = np.asarray(function(q0))
     read = []
     rng = np.random.default_rng(0)
-    for v, start in enumerate(_offsets(var_layout)):
+    for v, start in enumerate(variable_offsets(var_layout)):
         size = int(np.prod(var_layout[v][1], dtype=int))
         moved = q0.copy()
         moved[start : start + size] += rng.uniform(0.1, 0.2, size=size)
@@ -541,7 +359,7 @@ def _check_separable(
                     "further variable or a Potential), so groups are not independent given "
                     "the rest"
                 )
-    starts = _offsets(var_layout)
+    starts = variable_offsets(var_layout)
     for (name, shape), term, start in zip(var_layout, terms, starts, strict=True):
         if start in set(free.tolist()) or not shape:
             continue
@@ -551,57 +369,3 @@ def _check_separable(
                 "is not one term per group, e.g. a multivariate distribution across groups)"
             )
     return ""
-
-
-def _parts_graph(
-    grouped: GroupedRows,
-    prior_terms: Sequence[TensorVariable],
-    var_layout: Sequence[tuple[str, tuple[int, ...]]],
-    factor: GroupFactor,
-) -> tuple[list[Variable], list[Variable]]:
-    """Build one factor's data-free parts (the module docstring's ``parts``)."""
-    q = grouped.vector
-    n_groups, k = factor.n_groups, factor.size
-    owned = {
-        int(np.searchsorted(_offsets(var_layout), c, side="right") - 1)
-        for c in factor.coordinates[0]
-    }
-    per_group = pt.zeros((n_groups,), dtype="float64")
-    for v in sorted(owned):
-        term = pt.cast(prior_terms[v], "float64")
-        per_group = per_group + (
-            term.reshape((n_groups, -1)).sum(axis=1) if term.ndim > 1 else term
-        )
-    total = per_group.sum()
-    gradient = cast(TensorVariable, pytensor.grad(total, q, disconnected_inputs="ignore"))
-    coordinates = pt.constant(factor.coordinates)
-    cells = pt.concatenate(
-        [
-            pt.cast(grouped.gathers[g].table, "float64").reshape((n_groups, -1))
-            for g in factor.gathers
-        ],
-        axis=1,
-    )
-    hessian_columns, jacobian_columns = [], []
-    length = int(cast(Any, q.type).shape[0])
-    for j in range(k):
-        comb = np.zeros(length)
-        comb[factor.coordinates[:, j]] = 1.0
-        direction = pt.constant(comb)
-        hessian_columns.append(
-            cast(TensorVariable, _pushforward(gradient, q, direction))[coordinates]
-        )
-        jacobian_columns.append(_pushforward(cells, q, direction))
-    tables = [
-        pt.cast(gather.table, "float64").reshape((gather.n_groups, -1))
-        for gather in grouped.gathers
-    ]
-    outputs: list[Variable] = [
-        per_group,
-        gradient[coordinates],
-        pt.stack(hessian_columns, axis=2),
-        cells,
-        pt.stack(jacobian_columns, axis=2),
-        *tables,
-    ]
-    return [q], outputs

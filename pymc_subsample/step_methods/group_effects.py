@@ -8,7 +8,6 @@ from typing import Any, ClassVar
 
 import numpy as np
 import pymc as pm
-import scipy.sparse as sparse
 from pymc.blocking import RaveledVars
 from pymc.step_methods.compound import StepMethodState
 from pymc.step_methods.state import dataclass_state
@@ -17,7 +16,6 @@ from pytensor.tensor.variable import TensorVariable
 
 from pymc_subsample.kernels.group_effects import (
     GroupParts,
-    GroupQuadratic,
     GroupRows,
     GroupSweepInfo,
     SharedMoveInfo,
@@ -35,6 +33,7 @@ from pymc_subsample.model.row_data import row_chunks
 from pymc_subsample.step_methods.acceptance_tests import StatSpec
 from pymc_subsample.step_methods.acceptance_tests.sequential_t import _check_error_tolerance
 from pymc_subsample.step_methods.arguments import check_int
+from pymc_subsample.step_methods.group_expansion import PASS_ROWS, GroupExpansion
 from pymc_subsample.step_methods.step_base import SubsampleStepBase
 
 __all__ = ["GroupEffectsMH"]
@@ -54,14 +53,6 @@ SETTLED = 0.01
 #: Longest Newton move of an effect at a chain's start, in the variables' own
 #: (unconstrained) units.
 NEWTON_MOVE = 1.0
-#: Step of the central differences of the prior's gradient that give its Hessian in the
-#: shared coefficients (a handful of coordinates; the model's Hessian is the rows').
-PRIOR_STEP = 1e-5
-#: A shared coefficient and a cell entry whose per-row derivatives agree to this relative
-#: error on every row are read only through their sum (a ridge, ``_move_ridges``).
-RIDGE_TOLERANCE = 1e-9
-#: Rows per call of the reference pass.
-PASS_ROWS = 65_536
 
 
 @dataclass_state
@@ -208,24 +199,9 @@ class GroupEffectsMH(SubsampleStepBase):
         self.hyperparameters = HyperWalk(int(free.size)) if free.size else None
         self.tune = True
         self._draws = 0
-        self._quadratics: list[GroupQuadratic] | None = None
-        self._reference_tables: tuple[np.ndarray, ...] = ()
-        self._reference_q = self.oracles.initial_q.copy()
-        #: Pairs (shared coefficient, factor, cell entry) the rows read only through their
-        #: sum (``_move_ridges``), found at the first expansion; the largest gap between the
-        #: two per-row derivatives and the largest derivative, while they are being compared.
-        self.ridges: list[tuple[int, int, int]] = []
+        self.expansion = GroupExpansion(functions, self.oracles)
+        #: One exact random walk per ridge the expansion finds (``_move_ridges``).
         self._ridge_walks: list[HyperWalk] = []
-        self._ridge_gaps: dict[tuple[int, int, int], tuple[float, float]] | None = {
-            (d, f, j): (0.0, 0.0)
-            for d in range(self.functions.direct_coordinates.size)
-            for f, factor in enumerate(self.factors)
-            for j in range(factor.cell_size)
-        }
-        self._crosses: list[np.ndarray] = []
-        self._factor_crosses: dict[tuple[int, int, int, int], Any] = {}
-        n_shared = self.functions.direct_coordinates.size
-        self._shared = (np.zeros(n_shared), np.zeros((n_shared, n_shared)))
         self.oracles.ensure_rows_finite()
 
     @property
@@ -253,30 +229,16 @@ class GroupEffectsMH(SubsampleStepBase):
 
     def _rebuild_for_data(self) -> None:
         self.layouts = self._layouts()
-        self._quadratics = None
+        self.expansion.quadratics = None
 
     def reset_tuning(self) -> None:
         """Start the chain's expansion afresh (at its first draw)."""
         self._draws = 0
-        self._quadratics = None
+        self.expansion.quadratics = None
         if self.hyperparameters is not None:
             self.hyperparameters.reset()
-
-    def _parts(self, f: int, q: np.ndarray) -> GroupParts:
-        out = [np.asarray(x) for x in self.functions.parts[f](q)]
-        prior, gradient, hessian, cells, jacobian = out[:5]
-        tables = tuple(np.ascontiguousarray(table) for table in out[5:])
-        return GroupParts(prior, gradient, hessian, cells, jacobian, tables)
-
-    def _cells(self, tables: Sequence[np.ndarray], indices: Sequence[np.ndarray]) -> list[Any]:
-        """Each row's cell of every gather, shaped and typed as the functions read them."""
-        cells = []
-        for table, index, shape, dtype in zip(
-            tables, indices, self.functions.cell_shapes, self.functions.cell_dtypes, strict=True
-        ):
-            picked = table[np.asarray(index, np.int64) % table.shape[0]]
-            cells.append(np.ascontiguousarray(picked.reshape((-1, *shape)), dtype=dtype))
-        return cells
+        for walk in self._ridge_walks:
+            walk.reset()
 
     def _recentre(self, q: np.ndarray, newton_steps: int = 0) -> None:
         """Expand every group's likelihood around its current cells, or near its mode.
@@ -297,11 +259,13 @@ class GroupEffectsMH(SubsampleStepBase):
         for _ in range(newton_steps):
             largest = 0.0
             for block in blocks:
-                self._expand(point)
+                self.expansion.expand(point)
                 largest = max(largest, self._newton_block(point, block))
             if largest < SETTLED:
                 break
-        self._expand(point)
+        self.expansion.expand(point)
+        if len(self._ridge_walks) != len(self.expansion.ridges):
+            self._ridge_walks = [HyperWalk(1) for _ in self.expansion.ridges]
 
     def _newton_block(self, point: np.ndarray, block: int | None) -> float:
         """Move one block of ``point`` by a capped Newton step; its largest move in sds.
@@ -309,14 +273,16 @@ class GroupEffectsMH(SubsampleStepBase):
         A Newton step from far out can overshoot without bound (a log link's rows grow like
         the exponential of the move): at most :data:`NEWTON_MOVE` per coordinate.
         """
-        assert self._quadratics is not None
+        assert self.expansion.quadratics is not None
         if block is None:
             coordinates = self.functions.direct_coordinates[None, :]
-            gradient, hessian = self._shared_model(point)
+            gradient, hessian = self.expansion.shared_model(point)
             derivatives = (gradient[None], hessian[None])
         else:
             coordinates = self.factors[block].coordinates
-            derivatives = model_derivatives(self._parts(block, point), self._shifted(block, point))
+            derivatives = model_derivatives(
+                self.expansion.parts(block, point), self.expansion.shifted(block, point)
+            )
         x = point[coordinates]
         mode, _, values = newton_gaussian(x, *derivatives)
         step = mode - x
@@ -325,82 +291,6 @@ class GroupEffectsMH(SubsampleStepBase):
         usable = np.isfinite(step).all(axis=1)
         point[coordinates[usable]] = x[usable] + step[usable]
         return float(np.max((np.abs(step) * np.sqrt(values))[usable], initial=0.0))
-
-    def _expand(self, q: np.ndarray) -> None:
-        """Expand every group's likelihood around its cells at ``q``: one pass over the rows."""
-        parts = [self._parts(f, q) for f in range(len(self.factors))]
-        tables = parts[0].tables
-        n_shared = self.functions.direct_coordinates.size
-        gradients = [np.zeros((f.n_groups, f.cell_size)) for f in self.factors]
-        hessians = [np.zeros((f.n_groups, f.cell_size, f.cell_size)) for f in self.factors]
-        crosses = [np.zeros((f.n_groups, f.cell_size, n_shared)) for f in self.factors]
-        #: (f, h, i, j) -> sparse (G_f, G_h): the rows' d2F / dc_f,i dc_h,j summed by the
-        #: pair of groups they read (crossed factors).
-        factor_crosses: dict[tuple[int, int, int, int], Any] = {}
-        shared_gradient = np.zeros(n_shared)
-        shared_hessian = np.zeros((n_shared, n_shared))
-        for chunk in row_chunks(self.oracles.n_rows, PASS_ROWS):
-            arrays = self.oracles.rows_at(chunk)
-            indices = self.functions.indices(*arrays)
-            _, first, second, summed = self.functions.derivatives(
-                q, *self._cells(tables, indices), *arrays
-            )
-            # psi = (shared coefficients, every gather's cells): first (n, m), second
-            # (n, m, cells) (per_row_derivatives_graph).
-            first, second = np.asarray(first), np.asarray(second)
-            if self._ridge_gaps is not None:
-                self._watch_ridges(first)
-            shared_gradient += first[:, :n_shared].sum(axis=0)
-            shared_hessian += np.asarray(summed).reshape(n_shared, n_shared)
-            for f, factor in enumerate(self.factors):
-                groups = np.asarray(indices[factor.gathers[0]], np.int64) % factor.n_groups
-                columns = factor.cell_columns
-                for i, column in enumerate(columns):
-                    gradients[f][:, i] += np.bincount(
-                        groups, first[:, n_shared + column], minlength=factor.n_groups
-                    )
-                    for j, other in enumerate(columns):
-                        hessians[f][:, i, j] += np.bincount(
-                            groups, second[:, n_shared + column, other], minlength=factor.n_groups
-                        )
-                    for d in range(n_shared):
-                        crosses[f][:, i, d] += np.bincount(
-                            groups, second[:, d, column], minlength=factor.n_groups
-                        )
-            self._add_factor_crosses(factor_crosses, indices, second)
-        self._reference_tables = tables
-        self._factor_crosses = factor_crosses
-        self._reference_q = q.copy()
-        self._crosses = crosses
-        self._shared = (shared_gradient, 0.5 * (shared_hessian + shared_hessian.T))
-        if self._ridge_gaps is not None:
-            self._settle_ridges()
-        self._quadratics = [
-            GroupQuadratic(part.cells, gradient, 0.5 * (hessian + np.swapaxes(hessian, 1, 2)))
-            for part, gradient, hessian in zip(parts, gradients, hessians, strict=True)
-        ]
-
-    def _watch_ridges(self, first: np.ndarray) -> None:
-        """Compare each shared coefficient's per-row derivative with each factor cell's."""
-        assert self._ridge_gaps is not None
-        n_shared = self.functions.direct_coordinates.size
-        for (d, f, j), (gap, scale) in list(self._ridge_gaps.items()):
-            column = n_shared + int(self.factors[f].cell_columns[j])
-            self._ridge_gaps[d, f, j] = (
-                max(gap, float(np.max(np.abs(first[:, d] - first[:, column]), initial=0.0))),
-                max(scale, float(np.max(np.abs(first[:, d]), initial=0.0))),
-            )
-
-    def _settle_ridges(self) -> None:
-        """Keep the pairs the rows read only through their sum: ``intercept + u[g]``."""
-        assert self._ridge_gaps is not None
-        self.ridges = [
-            pair
-            for pair, (gap, scale) in self._ridge_gaps.items()
-            if scale > 0.0 and gap <= RIDGE_TOLERANCE * scale
-        ]
-        self._ridge_walks = [HyperWalk(1) for _ in self.ridges]
-        self._ridge_gaps = None  # decided at the chain's first expansion, once
 
     def _move_ridges(self, q: np.ndarray) -> np.ndarray:
         """Exact moves along each ridge: a shared coefficient up, a factor's cells down.
@@ -413,7 +303,7 @@ class GroupEffectsMH(SubsampleStepBase):
         Jacobian (a translation, volume-preserving); a move whose cells do not follow exactly
         (a table not affine in the effects) is rejected.
         """
-        for (d, f, j), walk in zip(self.ridges, self._ridge_walks, strict=True):
+        for (d, f, j), walk in zip(self.expansion.ridges, self._ridge_walks, strict=True):
             q = self._ridge_move(q, d, f, j, walk)
         return q
 
@@ -421,7 +311,7 @@ class GroupEffectsMH(SubsampleStepBase):
         """One ridge's random-walk moves (``_move_ridges``)."""
         coordinates = self.factors[f].coordinates
         shared = self.functions.direct_coordinates[d]
-        parts = self._parts(f, q)
+        parts = self.expansion.parts(f, q)
         unit = np.zeros(parts.cells.shape[1])
         unit[j] = 1.0
         try:
@@ -441,7 +331,9 @@ class GroupEffectsMH(SubsampleStepBase):
             point = moved(delta)
             expected = parts.cells.copy()
             expected[:, j] -= float(delta[0])
-            if not np.allclose(self._parts(f, point).cells, expected, rtol=1e-9, atol=1e-9):
+            if not np.allclose(
+                self.expansion.parts(f, point).cells, expected, rtol=1e-9, atol=1e-9
+            ):
                 return -np.inf
             return self.oracles.log_prior(point)
 
@@ -472,81 +364,13 @@ class GroupEffectsMH(SubsampleStepBase):
                 self.functions.residual(
                     q,
                     q_new,
-                    self._reference_q,
+                    self.expansion.reference_q,
                     *old.tables,
                     *new.tables,
-                    *self._reference_tables,
+                    *self.expansion.reference_tables,
                     *arrays,
                 )
             )
-
-    def _add_factor_crosses(
-        self,
-        sums: dict[tuple[int, int, int, int], Any],
-        indices: Sequence[np.ndarray],
-        second: np.ndarray,
-    ) -> None:
-        """Add a chunk's cross derivatives between two factors' cells, by pair of groups."""
-        n_shared = self.functions.direct_coordinates.size
-        for f, factor in enumerate(self.factors):
-            rows = np.asarray(indices[factor.gathers[0]], np.int64) % factor.n_groups
-            for h, other in enumerate(self.factors):
-                if h == f:
-                    continue
-                columns = np.asarray(indices[other.gathers[0]], np.int64) % other.n_groups
-                for i, cell in enumerate(factor.cell_columns):
-                    for j, other_cell in enumerate(other.cell_columns):
-                        chunk = sparse.coo_matrix(
-                            (second[:, n_shared + cell, other_cell], (rows, columns)),
-                            shape=(factor.n_groups, other.n_groups),
-                        ).tocsr()
-                        key = (f, h, i, j)
-                        sums[key] = chunk if key not in sums else sums[key] + chunk
-
-    def _shifted(self, f: int, q: np.ndarray) -> GroupQuadratic:
-        """Factor ``f``'s expansion at the shared coefficients and other factors of ``q``.
-
-        Its cross terms with the shared coefficients, ``H_cD,g (v_D - v_D,ref)``, and with the
-        other factors' cells, ``sum_h H_fh (c_h - c_h,ref)`` summed by pair of groups, are
-        linear in its cells: they shift the groups' gradients (``docs/architecture.md``,
-        "Group effects").
-        """
-        assert self._quadratics is not None
-        quadratic = self._quadratics[f]
-        shift = np.zeros_like(quadratic.gradient)
-        direct = self.functions.direct_coordinates
-        if direct.size:
-            offset = q[direct] - self._reference_q[direct]
-            shift += np.einsum("gcd,d->gc", self._crosses[f], offset)
-        for h, other in enumerate(self._quadratics):
-            if h == f:
-                continue
-            moved = self._parts(h, q).cells - other.reference_cells
-            for i in range(shift.shape[1]):
-                for j in range(moved.shape[1]):
-                    shift[:, i] += self._factor_crosses[f, h, i, j] @ moved[:, j]
-        return quadratic._replace(gradient=quadratic.gradient + shift)
-
-    def _shared_model(self, q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Return the quadratic model's gradient and Hessian in the shared coefficients at ``q``."""
-        assert self._quadratics is not None
-        direct = self.functions.direct_coordinates
-        gradient, hessian = self._shared
-        offset = q[direct] - self._reference_q[direct]
-        gradient = gradient + hessian @ offset
-        for f, quadratic in enumerate(self._quadratics):
-            moved = self._parts(f, q).cells - quadratic.reference_cells
-            gradient = gradient + np.einsum("gcd,gc->d", self._crosses[f], moved)
-        prior_gradient = self.oracles.log_prior_grad(q)[direct]
-        prior_hessian = np.empty((direct.size, direct.size))
-        for j, coordinate in enumerate(direct):
-            up, down = q.copy(), q.copy()
-            up[coordinate] += PRIOR_STEP
-            down[coordinate] -= PRIOR_STEP
-            difference = self.oracles.log_prior_grad(up) - self.oracles.log_prior_grad(down)
-            prior_hessian[:, j] = difference[direct] / (2.0 * PRIOR_STEP)
-        prior_hessian = 0.5 * (prior_hessian + prior_hessian.T)
-        return gradient + prior_gradient, hessian + prior_hessian
 
     def _move_shared(self, q: np.ndarray) -> tuple[np.ndarray, SharedMoveInfo]:
         """One Metropolis-Hastings move of the shared coefficients, the groups held.
@@ -557,14 +381,16 @@ class GroupEffectsMH(SubsampleStepBase):
         """
         direct = self.functions.direct_coordinates
         x = q[direct][None, :]
-        mean, vectors, values = newton_gaussian(x, *(a[None] for a in self._shared_model(q)))
+        mean, vectors, values = newton_gaussian(
+            x, *(a[None] for a in self.expansion.shared_model(q))
+        )
         x_new = draw_proposal(self.rng, mean, vectors, values)
         log_u = float(np.log(self.rng.uniform()))
         if not np.all(np.isfinite(x_new)):
             return q, SharedMoveInfo(0, False, False)
         q_new = q.copy()
         q_new[direct] = x_new[0]
-        back = newton_gaussian(x_new, *(a[None] for a in self._shared_model(q_new)))
+        back = newton_gaussian(x_new, *(a[None] for a in self.expansion.shared_model(q_new)))
         with np.errstate(invalid="ignore", over="ignore"):
             rest = (
                 self.oracles.log_prior(q_new)
@@ -574,14 +400,14 @@ class GroupEffectsMH(SubsampleStepBase):
             )
         if not np.isfinite(rest):
             return q, SharedMoveInfo(0, False, False)
-        gradient, hessian = self._shared
-        old = q[direct] - self._reference_q[direct]
-        new = q_new[direct] - self._reference_q[direct]
+        gradient, hessian = self.expansion.shared
+        old = q[direct] - self.expansion.reference_q[direct]
+        new = q_new[direct] - self.expansion.reference_q[direct]
         known = float(gradient @ (new - old) + 0.5 * (new @ hessian @ new - old @ hessian @ old))
-        for f, quadratic in enumerate(self._quadratics or []):
-            moved = self._parts(f, q).cells - quadratic.reference_cells
-            known += float(np.einsum("gcd,gc->d", self._crosses[f], moved) @ (new - old))
-        parts = self._parts(0, q)
+        for f, quadratic in enumerate(self.expansion.quadratics or []):
+            moved = self.expansion.parts(f, q).cells - quadratic.reference_cells
+            known += float(np.einsum("gcd,gc->d", self.expansion.crosses[f], moved) @ (new - old))
+        parts = self.expansion.parts(0, q)
         decision, read = stratified_decision(
             self.rng,
             log_u - rest - known,
@@ -610,7 +436,7 @@ class GroupEffectsMH(SubsampleStepBase):
         assert self.hyperparameters is not None
         free = self.functions.free_coordinates
         held = {
-            f: self._parts(f, q).cells
+            f: self.expansion.parts(f, q).cells
             for f, factor in enumerate(self.factors)
             if factor.reads_hyperparameters
         }
@@ -622,7 +448,7 @@ class GroupEffectsMH(SubsampleStepBase):
             for f, cells in held.items():
                 coordinates = self.factors[f].coordinates
                 point[coordinates] = 0.0
-                parts = self._parts(f, point)
+                parts = self.expansion.parts(f, point)
                 sign, log_det = np.linalg.slogdet(parts.jacobian)
                 if not np.all(sign != 0) or not np.all(np.isfinite(log_det)):
                     return point, np.inf
@@ -643,11 +469,11 @@ class GroupEffectsMH(SubsampleStepBase):
     def astep(self, q0: RaveledVars) -> tuple[RaveledVars, list[dict[str, Any]]]:
         """One sweep: every group of every factor proposed and tested once."""
         q = np.array(q0.data, dtype=np.float64)
-        if self._quadratics is None:
+        if self.expansion.quadratics is None:
             self._recentre(q, newton_steps=START_NEWTON_STEPS)
         elif self.tune and self._draws in RECENTRE_AT:
             self._recentre(q)
-        assert self._quadratics is not None
+        assert self.expansion.quadratics is not None
         self._draws += 1
         totals = dict.fromkeys(GroupSweepInfo._fields, 0)
         for f, (factor, layout) in enumerate(zip(self.factors, self.layouts, strict=True)):
@@ -667,8 +493,8 @@ class GroupEffectsMH(SubsampleStepBase):
                 self.rng,
                 q,
                 factor.coordinates,
-                partial(self._parts, f),
-                self._shifted(f, q),
+                partial(self.expansion.parts, f),
+                self.expansion.shifted(f, q),
                 layout,
                 terms,
                 self.batch_size,
@@ -676,7 +502,7 @@ class GroupEffectsMH(SubsampleStepBase):
             )
             for field, value in info._asdict().items():
                 totals[field] += value
-        if self.ridges:
+        if self.expansion.ridges:
             q = self._move_ridges(q)
         hyper = HyperWalkInfo(float("nan"), float("nan"))
         if self.hyperparameters is not None:
