@@ -37,7 +37,6 @@ test more cautious. ``docs/architecture.md``, "Group effects".
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from functools import partial
 from typing import Any, NamedTuple
@@ -57,7 +56,6 @@ __all__ = [
     "draw_proposal",
     "newton_gaussian",
     "proposal_log_density",
-    "stratified_decision",
 ]
 
 #: Degrees of freedom of the proposal's Student-t: its tails are heavier than a GLM
@@ -287,49 +285,8 @@ class SharedMoveInfo(NamedTuple):
     shared_n_data: int
     #: Whether the move was accepted.
     shared_accepted: bool
-    #: Whether the test read every row (it was not confident on the groups' sample).
+    #: Whether the test read every row (it was not confident on its stratified sample).
     shared_full_data: bool
-
-
-def stratified_decision(
-    rng: np.random.Generator,
-    threshold: float,
-    rows: GroupRows,
-    residuals: Callable[[np.ndarray], np.ndarray],
-    batch_size: int,
-    error_tolerance: float,
-) -> tuple[bool | None, int]:
-    """Decide ``sum_i d_i > threshold`` over every row from a sample stratified by group.
-
-    The rows of small groups (``rows.whole``) are summed exactly; each other group gives
-    ``n_g`` times the mean of ``batch_size`` of its rows drawn with replacement (Cochran 1977,
-    ch. 5: the estimate's variance is ``sum_g n_g^2 s_g^2 / batch_size``). The decision is
-    returned where the normal test is confident at ``error_tolerance`` and the estimate's
-    standard error is at most :data:`ESTIMATE_SD`; else None (read every row). The groups
-    stratify because a group's cells sit at their own distance from the expansion: its
-    residuals are alike, and another group's can be far larger.
-    """
-    sampled = np.flatnonzero(~rows.whole & (rows.sizes > 0))
-    picks = rows.starts[sampled][:, None] + np.floor(
-        rng.random((sampled.size, batch_size)) * rows.sizes[sampled][:, None]
-    ).astype(np.int64)
-    chosen = np.concatenate([rows.whole_rows, rows.order[picks.ravel()]])
-    values = residuals(chosen)
-    exact = float(values[: rows.whole_rows.size].sum())
-    sample = values[rows.whole_rows.size :].reshape(sampled.size, batch_size)
-    sizes = rows.sizes[sampled]
-    with np.errstate(invalid="ignore", over="ignore"):
-        estimate = exact + float(sizes @ sample.mean(axis=1))
-        variance = float((sizes**2) @ sample.var(axis=1, ddof=1)) / batch_size
-    if not (math.isfinite(estimate) and math.isfinite(variance)):
-        return None, chosen.size
-    error = math.sqrt(variance)
-    if error > ESTIMATE_SD:
-        return None, chosen.size
-    tail = special.ndtr(-abs(estimate - threshold) / error) if error > 0 else 0.0
-    if tail >= error_tolerance:
-        return None, chosen.size
-    return estimate > threshold, chosen.size
 
 
 def group_effects_sweep(

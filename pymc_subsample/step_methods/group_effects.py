@@ -25,9 +25,9 @@ from pymc_subsample.kernels.group_effects import (
     model_derivatives,
     newton_gaussian,
     proposal_log_density,
-    stratified_decision,
 )
 from pymc_subsample.kernels.hyper_walk import HyperWalk, HyperWalkInfo
+from pymc_subsample.kernels.stratified import Strata, build_strata, stratified_mh_test
 from pymc_subsample.model.group_effects import GroupEffectFunctions, GroupFactor
 from pymc_subsample.model.row_data import row_chunks
 from pymc_subsample.step_methods.acceptance_tests import StatSpec
@@ -35,6 +35,7 @@ from pymc_subsample.step_methods.acceptance_tests.sequential_t import _check_err
 from pymc_subsample.step_methods.arguments import check_int
 from pymc_subsample.step_methods.group_expansion import PASS_ROWS, GroupExpansion
 from pymc_subsample.step_methods.step_base import SubsampleStepBase
+from pymc_subsample.step_methods.stratification import WHOLE_GROUP_ROWS
 
 __all__ = ["GroupEffectsMH"]
 
@@ -194,6 +195,7 @@ class GroupEffectsMH(SubsampleStepBase):
                 "pm.sample(step=[...])."
             )
         self.functions: GroupEffectFunctions = functions
+        self.strata: Strata | None = None
         self.layouts = self._layouts()
         free = self.functions.free_coordinates
         self.hyperparameters = HyperWalk(int(free.size)) if free.size else None
@@ -224,7 +226,11 @@ class GroupEffectsMH(SubsampleStepBase):
                     f"A group index of the rows is outside -{factor.n_groups}.."
                     f"{factor.n_groups - 1}, the length of the group effects it indexes."
                 )
-            layouts.append(group_rows(groups % factor.n_groups, factor.n_groups, self.batch_size))
+            groups %= factor.n_groups
+            layouts.append(group_rows(groups, factor.n_groups, self.batch_size))
+            if not layouts[1:]:
+                # The shared coefficients' test reads the first factor's groups as strata.
+                self.strata = build_strata(groups, WHOLE_GROUP_ROWS)
         return layouts
 
     def _rebuild_for_data(self) -> None:
@@ -376,8 +382,8 @@ class GroupEffectsMH(SubsampleStepBase):
         """One Metropolis-Hastings move of the shared coefficients, the groups held.
 
         A Student-t Newton proposal on the quadratic model (``_shared_model``), decided on
-        every row's residual (``kernels/group_effects.stratified_decision``, the groups as
-        strata), or exactly on every row where that test is not confident.
+        every row's residual by the stratified test of ``kernels/stratified.py`` (the first
+        factor's groups by size class as strata), exact on every row where it is not.
         """
         direct = self.functions.direct_coordinates
         x = q[direct][None, :]
@@ -385,7 +391,6 @@ class GroupEffectsMH(SubsampleStepBase):
             x, *(a[None] for a in self.expansion.shared_model(q))
         )
         x_new = draw_proposal(self.rng, mean, vectors, values)
-        log_u = float(np.log(self.rng.uniform()))
         if not np.all(np.isfinite(x_new)):
             return q, SharedMoveInfo(0, False, False)
         q_new = q.copy()
@@ -407,24 +412,21 @@ class GroupEffectsMH(SubsampleStepBase):
         for f, quadratic in enumerate(self.expansion.quadratics or []):
             moved = self.expansion.parts(f, q).cells - quadratic.reference_cells
             known += float(np.einsum("gcd,gc->d", self.expansion.crosses[f], moved) @ (new - old))
+        assert self.strata is not None
         parts = self.expansion.parts(0, q)
-        decision, read = stratified_decision(
+        # The rows' residuals sum with the known part to the exact change, so the residuals
+        # are the test's values and the known part joins the prior and proposal ratio.
+        decision = stratified_mh_test(
             self.rng,
-            log_u - rest - known,
-            self.layouts[0],
             lambda rows: self._row_terms(None, q, q_new, parts, parts, rows, True),
-            self.batch_size,
+            self.strata,
+            rest + known,
             self.error_tolerance,
+            self.batch_size,
         )
-        full = decision is None
-        if decision is None:
-            total = 0.0
-            for chunk in row_chunks(self.oracles.n_rows, PASS_ROWS):
-                rows = np.arange(chunk.start, chunk.stop, dtype=np.int64)
-                total += float(self._row_terms(None, q, q_new, parts, parts, rows, False).sum())
-            read += self.oracles.n_rows
-            decision = bool(np.isfinite(total) and total + rest > log_u)
-        return (q_new if decision else q), SharedMoveInfo(read, bool(decision), full)
+        accepted = decision.accepted and not decision.nonfinite_proposal
+        info = SharedMoveInfo(decision.n_data, accepted, decision.full_data)
+        return (q_new if accepted else q), info
 
     def _move_hyperparameters(self, q: np.ndarray) -> tuple[np.ndarray, HyperWalkInfo]:
         """Exact moves of the coordinates no row reads directly, the groups' cells held fixed.
