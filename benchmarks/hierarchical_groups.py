@@ -16,18 +16,18 @@ uneven (Dirichlet(0.7) shares, every group at least one row):
   HalfNormal noise: 135 parameters.
 
 Samplers, each in a fresh process on the same data: nutpie through
-``pm.sample(nuts_sampler="nutpie")``, 2 chains of 1,000 tuning + 1,000 draws
-(``--nutpie-draws MODEL=TUNE:DRAWS`` shortens them on a model); ``pms.AusterityMH()`` and
-``pms.MinibatchBarkerMH()`` with no arguments, 2 chains of 1,000 + 2,000, and likewise
-``pms.GroupEffectsMH()`` with no arguments (one test per group on its own rows, the
-hyperparameters moved with the groups' parameters held; refused, and reported as such, on the
-models with coefficients shared by every row); all with ``cores=1``
-(one chain after the other). The accuracy reference is a longer nutpie run (sampler
-``reference``: 2 chains of 1,000 + 3,000, another seed) on every model but those named by
-``--no-reference`` (default ``noncentred_logistic_1000``, too slow to run twice), where it is
-the nutpie run itself, so that nutpie's own error there is zero by construction (the JSON's
-``models`` entry says which). On ``crossed_normal`` (``--low-rank-reference``) the reference
-adapts nutpie's low-rank mass matrix: with the diagonal one its min ESS was 25 in 6,000 draws.
+``pm.sample(nuts_sampler="nutpie")``, 2 chains of 1,000 tuning + 1,000 draws (``--nutpie-draws
+MODEL=TUNE:DRAWS`` shortens them on a model); ``pms.AusterityMH()`` and ``pms.MinibatchBarkerMH()``
+with no arguments, 2 chains of 1,000 + 2,000 (on these models both build ``pms.GroupEffectsMH`` with
+their test: one test per group on its own rows, the hyperparameters moved with the groups'
+parameters held), and ``one_block``, ``pms.AusterityMH(group_effects=False)``, the one-block step
+they were before (``--samplers`` picks among the three); all with ``cores=1`` (one chain after the
+other). The accuracy reference is a longer nutpie run (sampler ``reference``: 2 chains of 1,000 +
+3,000, another seed) on every model but those named by ``--no-reference`` (default
+``noncentred_logistic_1000``, too slow to run twice), where it is the nutpie run itself, so that
+nutpie's own error there is zero by construction (the JSON's ``models`` entry says which). On
+``crossed_normal`` (``--low-rank-reference``) the reference adapts nutpie's low-rank mass matrix:
+with the diagonal one its min ESS was 25 in 6,000 draws.
 
 Reported per run: set-up seconds (building the step; for nutpie, ``pm.sample``'s time outside
 ``nutpie.sample``: compiling the model), wall seconds including set-up, min bulk ESS over every
@@ -79,16 +79,22 @@ MODELS: dict[str, tuple[tuple[int, ...], int]] = {
     "centred_poisson": ((100,), 100_000),
     "crossed_normal": ((100, 30), 200_000),
 }
-SAMPLERS = ("nutpie", "austerity", "barker", "group_effects", "reference")
+SAMPLERS = ("nutpie", "austerity", "barker", "one_block", "reference")
 #: Sampler: (tune, draws) per chain of the full run and of ``--quick``.
 DRAWS = {
     "nutpie": ((1000, 1000), (100, 100)),
     "austerity": ((1000, 2000), (100, 200)),
     "barker": ((1000, 2000), (100, 200)),
-    "group_effects": ((1000, 2000), (100, 200)),
+    "one_block": ((1000, 2000), (100, 200)),
     "reference": ((1000, 3000), (100, 300)),
 }
-SEEDS = {"nutpie": 1, "austerity": 1, "barker": 1, "group_effects": 1, "reference": 2}
+SEEDS = {"nutpie": 1, "austerity": 1, "barker": 1, "one_block": 1, "reference": 2}
+#: The steps each sampler builds, with no other argument.
+STEPS = {
+    "austerity": lambda: pms.AusterityMH(),
+    "barker": lambda: pms.MinibatchBarkerMH(),
+    "one_block": lambda: pms.AusterityMH(group_effects=False),
+}
 #: The model too slow for a second, longer nutpie run: its nutpie run is the reference.
 NO_REFERENCE_RUN = "noncentred_logistic_1000"
 #: Models whose reference run adapts nutpie's low-rank mass matrix: with the default diagonal
@@ -243,34 +249,33 @@ def run_one(
                 "divergences": int(sample_stats["diverging"].sum()),
                 "step_size": float(sample_stats["step_size"].mean()),
             }
-        elif sampler == "group_effects":
-            step = pms.GroupEffectsMH()  # refused where a coefficient is shared by every row
-            setup = time.perf_counter() - start
-            idata = pm.sample(step=step, **kwargs)
-            wall = time.perf_counter() - start
-            sample_stats = idata.sample_stats
-            stats = {
-                "rows_per_draw": float(sample_stats["n_data"].mean()),
-                "groups_read_whole": float(sample_stats["n_full_groups"].mean()),
-                "acceptance": float(sample_stats["accept_rate"].mean()),
-                "hyper_acceptance": float(sample_stats["hyper_accept_rate"].mean()),
-            }
         else:
-            step_class = pms.AusterityMH if sampler == "austerity" else pms.MinibatchBarkerMH
-            step = step_class()
+            step = STEPS[sampler]()
             setup = time.perf_counter() - start
             idata = pm.sample(step=step, **kwargs)
             wall = time.perf_counter() - start
             sample_stats = idata.sample_stats
             stats = {
-                "repr": repr(step),
+                "step": type(step).__name__,
                 "rows_per_draw": float(sample_stats["n_data"].mean()),
-                "grad_rows_per_draw": float(sample_stats["n_grad_rows"].mean()),
-                "n_steps": float(sample_stats["n_steps"].mean()),
-                "acceptance": float(sample_stats["accepted"].mean()),
-                "divergences": int(sample_stats["diverging"].sum()),
-                "step_size": float(sample_stats["scaling"][:, -1].mean()),
             }
+            if isinstance(step, pms.GroupEffectsMH):  # the defaults' group route
+                stats |= {
+                    "test": step.test.kind,
+                    "groups_read_whole": float(sample_stats["n_full_groups"].mean()),
+                    "acceptance": float(sample_stats["accept_rate"].mean()),
+                    "hyper_acceptance": float(sample_stats["hyper_accept_rate"].mean()),
+                    "shared_rows_per_draw": float(sample_stats["shared_n_data"].mean()),
+                }
+            else:
+                stats |= {
+                    "repr": repr(step),
+                    "grad_rows_per_draw": float(sample_stats["n_grad_rows"].mean()),
+                    "n_steps": float(sample_stats["n_steps"].mean()),
+                    "acceptance": float(sample_stats["accepted"].mean()),
+                    "divergences": int(sample_stats["diverging"].sum()),
+                    "step_size": float(sample_stats["scaling"][:, -1].mean()),
+                }
     ess = az.ess(idata, var_names=free)
     min_ess = min(float(np.min(ess[name].values)) for name in free)
     return {
@@ -348,7 +353,9 @@ def run_model(model_name: str, args: argparse.Namespace) -> tuple[dict[str, Any]
     counts = {sampler: DRAWS[sampler][int(args.quick)] for sampler in SAMPLERS}
     counts["nutpie"] = nutpie_draws(args.nutpie_draws).get(model_name, counts["nutpie"])
     long_reference = model_name not in args.no_reference
-    samplers = [s for s in SAMPLERS if s != "reference" or long_reference]
+    samplers = ["nutpie", *(s for s in SAMPLERS if s in args.samplers)]
+    if long_reference:
+        samplers.append("reference")
     runs = {sampler: _run_child(model_name, sampler, counts[sampler], args) for sampler in samplers}
     reference = runs["reference" if long_reference else "nutpie"]
     nutpie = runs["nutpie"]
@@ -408,6 +415,13 @@ def main() -> None:
         metavar="MODEL",
         help="models whose reference run adapts nutpie's low-rank mass matrix "
         f"(default {' '.join(LOW_RANK_REFERENCE)})",
+    )
+    parser.add_argument(
+        "--samplers",
+        nargs="+",
+        choices=[s for s in SAMPLERS if s not in ("nutpie", "reference")],
+        default=[s for s in SAMPLERS if s not in ("nutpie", "reference")],
+        help="our samplers to run beside nutpie (and the reference run)",
     )
     parser.add_argument("--timeout", type=float, default=CHILD_TIMEOUT_S, help="s per run")
     parser.add_argument("--child", nargs=2, metavar=("MODEL", "SAMPLER"), help=argparse.SUPPRESS)

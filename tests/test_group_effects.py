@@ -15,8 +15,12 @@ Statistical tests compare with exact posteriors:
   which needs the Jacobian of the effects' change; dropping it moves the scale's mean by
   several sds.
 
+The Poisson and shared-slope cases run with both tests (``test="t"`` and ``test="barker"``,
+the step the defaults of ``AusterityMH`` and ``MinibatchBarkerMH`` build on a hierarchy).
+
 Breaking the kernel (dropping the reverse proposal's density, or the hyperparameters'
-Jacobian) fails these tests (checked when they were written).
+Jacobian; in the Barker test, Gaussian noise in place of the logistic noise and correction)
+fails these tests (checked when they were written).
 """
 
 from __future__ import annotations
@@ -53,13 +57,14 @@ def _quadrature(y: np.ndarray, group: np.ndarray) -> tuple[np.ndarray, np.ndarra
     return np.array(means), np.array(sds)
 
 
-def test_poisson_groups_match_quadrature():
+@pytest.mark.parametrize("test", ["t", "barker"])
+def test_poisson_groups_match_quadrature(test):
     group, y = _poisson_groups()
     with pm.Model(coords={"group": range(len(SIZES))}):
         index = pm.Data("g", group)
         a = pm.Normal("a", 0.5, 1.0, dims="group")
         pm.Poisson("y", pm.math.exp(a[index]), observed=y)
-        step = GroupEffectsMH([a])
+        step = GroupEffectsMH([a], test=test)
         idata = pm.sample(
             tune=300,
             draws=2_000,
@@ -80,7 +85,8 @@ def test_poisson_groups_match_quadrature():
     # Some groups were decided on a sample of their rows: fewer rows than N per draw.
     assert float(stats_["n_data"].mean()) < 0.5 * y.size
     assert float(stats_["n_full_groups"].mean()) < len(SIZES)
-    assert 0.5 < float(stats_["accept_rate"].mean()) <= 1.0
+    # Barker's acceptance is 1 / (1 + exp(-Delta)): about 1/2 for near-exact proposals.
+    assert (0.5 if test == "t" else 0.3) < float(stats_["accept_rate"].mean()) <= 1.0
 
 
 GAUSSIAN_SIZES = [1, 2, 5, 10, 30, 60, 100, 300, 1_000, 2, 4, 8]
@@ -264,8 +270,10 @@ def _exact_shared_slope(group, x, y) -> tuple[np.ndarray, np.ndarray]:
     return covariance @ (design.T @ y), np.sqrt(np.diag(covariance))
 
 
-@pytest.mark.parametrize("form", ["centred", "non_centred"])
-def test_shared_coefficient_matches_the_exact_gaussian_posterior(form):
+@pytest.mark.parametrize(
+    ("form", "test"), [("centred", "t"), ("non_centred", "t"), ("centred", "barker")]
+)
+def test_shared_coefficient_matches_the_exact_gaussian_posterior(form, test):
     """A slope shared by every row moves on its own test (the groups as strata).
 
     Everything is Gaussian, so the joint posterior of the mean, the slope and the groups'
@@ -288,7 +296,7 @@ def test_shared_coefficient_matches_the_exact_gaussian_posterior(form):
             draws=3_000,
             chains=2,
             cores=1,
-            step=GroupEffectsMH(),
+            step=GroupEffectsMH(test=test),
             progressbar=False,
             random_seed=8,
             compute_convergence_checks=False,
@@ -312,7 +320,7 @@ def test_shared_coefficient_matches_the_exact_gaussian_posterior(form):
     z = (draws.mean(axis=0) - means) / (sds / np.sqrt(ess))
     assert np.all(np.abs(z) < 4.0), z
     assert np.all(np.abs(draws.std(axis=0) / sds - 1.0) < 0.1), draws.std(axis=0) / sds
-    assert bool(idata.sample_stats["shared_accepted"].mean() > 0.3)
+    assert bool(idata.sample_stats["shared_accepted"].mean() > (0.3 if test == "t" else 0.2))
 
 
 N_SITES, N_YEARS, TAU_SITE, TAU_YEAR = 8, 40, 0.6, 0.4

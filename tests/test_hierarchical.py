@@ -194,17 +194,17 @@ def test_centred_hierarchy_is_refused_naming_the_scale(size):
             pms.AusterityMH(control_variate="taylor2", reference_point=ref, batch_size=100)
 
 
-def test_centred_hierarchy_with_defaults_runs_without_control_variate_and_says_why():
-    # With no arguments the step does not refuse the model: it drops its default control
-    # variate, naming the funnel's scale.
+def test_centred_hierarchy_in_one_block_runs_without_control_variate_and_says_why():
+    # In one block (the defaults take the group route, test_group_route.py) the step does not
+    # refuse the model: it drops its default control variate, naming the funnel's scale.
     with radon.radon_model(True, **radon.SMALL):
         with pytest.warns(pms.SubsampleWarning, match="'sigma_a' is a positive parameter") as w:
-            step = pms.AusterityMH()
+            step = pms.AusterityMH(group_effects=False)
     assert step.control is None and step.batch_size == min(500, step.n_rows)
     assert any("without its default control variate" in str(caught.message) for caught in w)
 
 
-def test_non_centred_hierarchy_with_defaults_expands_in_the_likelihood_parameters():
+def test_non_centred_hierarchy_in_one_block_expands_in_the_likelihood_parameters():
     # Its mode fails the Laplace check (the posterior in q is a curved ridge), but the rows
     # read only a = mu_a + sigma_a z, b and sigma_y: the default control variate is expanded
     # in those (13 entries, a's 10, b, sigma_y and its log, for q's 14), without a warning,
@@ -213,7 +213,7 @@ def test_non_centred_hierarchy_with_defaults_expands_in_the_likelihood_parameter
     with radon.radon_model(False, **radon.SMALL):
         with warnings.catch_warnings():
             warnings.simplefilter("error", pms.SubsampleWarning)
-            step = pms.AusterityMH()
+            step = pms.AusterityMH(group_effects=False)
     assert step.control_variate == "taylor2" and step.oracles.expansion == "likelihood"
     assert step.control is not None and step.control.proxy.reference.size == 13
     assert step.proposal_kind == "hmc" and step.proposal_part.proposal_cov is None
@@ -308,11 +308,25 @@ def test_centred_recipe_matches_nuts_radon():
 
 
 def test_tall_non_centred_defaults_match_nuts():
-    # The default step on 10 groups x 2,000 rows, non-centred: its control variate in the
-    # likelihood's parameters reads a small share of the rows per draw (it read 98% without
-    # one), and the posterior matches the cached NUTS run within the tolerances above.
+    # The default step on 10 groups x 2,000 rows, non-centred, takes the group route
+    # (GroupEffectsMH with the t-test): a small share of the rows per draw, and the posterior
+    # matches the cached NUTS run within the tolerances above.
     with radon.radon_model(False, **radon.TALL) as model:
         step = pms.AusterityMH()
+        assert isinstance(step, pms.GroupEffectsMH)
+        idata = _sample(step, draws=1500, tune=1000)
+    ess = _ess(idata)
+    _assert_matches_nuts("tall_non_centred", radon.summarise(idata.posterior), ess)
+    assert ess.min() > 100, ess
+    assert float(idata.sample_stats["n_data"].mean()) < 0.05 * radon.TALL["n_rows"]
+    del model
+
+
+def test_tall_non_centred_in_one_block_matches_nuts():
+    # The one-block step on the same model: its control variate in the likelihood's
+    # parameters reads a small share of the rows per draw (it read 98% without one).
+    with radon.radon_model(False, **radon.TALL) as model:
+        step = pms.AusterityMH(group_effects=False)
         assert step.oracles.expansion == "likelihood"
         idata = _sample(step, draws=1500, tune=1000)
     ess = _ess(idata)
@@ -322,11 +336,11 @@ def test_tall_non_centred_defaults_match_nuts():
     del model
 
 
-def test_non_centred_defaults_follow_new_data():
+def test_non_centred_one_block_follows_new_data():
     # After pm.set_data the step searches again and expands in the likelihood's parameters
     # again (its oracles were switched to that space for the first data).
     with _tall_non_centred() as model:
-        step = pms.AusterityMH()
+        step = pms.AusterityMH(group_effects=False)
         assert step.oracles.expansion == "likelihood"
         first = step.control.proxy.reference.copy()
         rng = np.random.default_rng(2)

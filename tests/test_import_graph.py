@@ -19,7 +19,8 @@ PACKAGE = Path(__file__).parents[1] / "pymc_subsample"
 STEP_METHODS = "pymc_subsample.step_methods"
 
 #: Modules that define step classes (or a piece of one, ``control_choice``'s base class of
-#: ``SubsampleMH``): they may import any part.
+#: ``SubsampleMH``; ``group_route``, which builds the group step for ``SubsampleMH``): they
+#: may import any part.
 STEPS = frozenset(
     f"{STEP_METHODS}.{name}"
     for name in (
@@ -30,6 +31,7 @@ STEPS = frozenset(
         "barker",
         "gibbs",
         "group_effects",
+        "group_route",
         "reversible_jump",
         "sgfs",
     )

@@ -161,17 +161,22 @@ def _quadrature_moments(group: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, n
     return np.array(means), np.array(sds)
 
 
-@pytest.mark.parametrize("step_class", [pms.AusterityMH, pms.MinibatchBarkerMH])
-def test_the_default_step_reads_groups_and_matches_the_exact_posterior(step_class):
-    # Each group's mean must lie within 4.5 Monte Carlo standard errors (ESS-based) of the
-    # quadrature mean: 24 groups give a false-failure rate of about 2e-4 for a right sampler.
-    # A bias of 0.1 posterior sd in a group is detected at the ESS these chains reach
-    # (Monte Carlo se about 0.02 sd); leaving the whole groups' rows out of the estimate
-    # shifts the small groups' posteriors by more than their sd and fails.
+@pytest.mark.parametrize(
+    ("step_class", "group_effects"),
+    [(pms.AusterityMH, "auto"), (pms.MinibatchBarkerMH, "auto"), (pms.AusterityMH, False)],
+)
+def test_the_default_step_reads_groups_and_matches_the_exact_posterior(step_class, group_effects):
+    # The defaults take the group route (GroupEffectsMH with the step's test); the one-block
+    # step reads its rows stratified by group. Each group's mean must lie within 4.5 Monte Carlo
+    # standard errors (ESS-based) of the quadrature mean: 24 groups give a false-failure rate of
+    # about 2e-4 for a right sampler. A bias of 0.1 posterior sd in a group is detected at the
+    # ESS these chains reach (Monte Carlo se about 0.02 sd); leaving the whole groups' rows out
+    # of the estimate shifts the small groups' posteriors by more than their sd and fails.
     model, group, y = _fixed_hyper_logistic()
     means, sds = _quadrature_moments(group, y)
     with model:
-        step = step_class()
+        step = step_class(group_effects=group_effects)
+        assert isinstance(step, pms.GroupEffectsMH) == (group_effects == "auto")
         assert step.strata is not None and step.strata.whole_rows.size > 0
         idata = pm.sample(
             step=step,
@@ -221,6 +226,6 @@ def test_large_groups_under_the_independent_proposal_keep_the_fused_draw():
     # wherever the chain goes, so the uniform test and its fused draw stay.
     model, _, _ = _fixed_hyper_logistic(small_groups=0)
     with model:
-        step = pms.AusterityMH()
+        step = pms.AusterityMH(group_effects=False)  # the defaults take the group route
     assert step.proposal_kind == "independent"
     assert step.strata is None and step.draw_path == "fused"

@@ -28,6 +28,7 @@ __all__ = [
     "build_correction",
     "correction_distribution",
     "sample_correction",
+    "sample_corrections",
     "sup_cdf_error",
 ]
 
@@ -108,3 +109,11 @@ def sample_correction(rng: np.random.Generator, correction: CorrectionDistributi
     """Draw one ``X_corr`` by inverse CDF: one uniform and a binary search, O(log grid)."""
     index = int(np.searchsorted(correction.cumulative, rng.uniform(), side="right"))
     return float(correction.support[min(index, correction.support.size - 1)])
+
+
+def sample_corrections(
+    rng: np.random.Generator, correction: CorrectionDistribution, size: int
+) -> np.ndarray:
+    """Draw ``size`` independent ``X_corr`` at once, as :func:`sample_correction` draws one."""
+    index = np.searchsorted(correction.cumulative, rng.uniform(size=size), side="right")
+    return correction.support[np.minimum(index, correction.support.size - 1)]

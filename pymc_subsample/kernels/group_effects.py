@@ -26,13 +26,10 @@ built at ``x'`` the same way (Metropolis-Hastings with an asymmetric proposal).
 group reads ``batch_size`` rows drawn with replacement and estimates the sum of its rows'
 residuals ``d_i = l_i - t_i``, ``l_i = F_i(c') - F_i(c)`` and ``t_i`` the difference of the
 rows' second-order Taylor proxies around ``c_r``, whose sum over the group is known exactly
-(the difference estimator of Quiroz et al. 2019, eq. 9, per group). The decision is that of
-Korattikara et al. (2014), Algorithm 1, with the group's own threshold (eq. 2 with ``N = n_g``):
-accept iff ``mean(d) > mu_0``, once the t-test is confident at level ``error_tolerance``;
-a group whose test is not confident after one batch, or whose estimate's standard error exceeds
-:data:`ESTIMATE_SD`, reads all its rows and is decided exactly.
-Sampling with replacement leaves out the finite-population correction, which only makes the
-test more cautious. ``docs/architecture.md``, "Group effects".
+(the difference estimator of Quiroz et al. 2019, eq. 9, per group), and decides by the
+sequential t-test of Korattikara et al. (2014) or the minibatch Barker test of Seita et al.
+(2018) with the group as the population (``kernels/group_tests.py``); a group the test is not
+sure of reads all its rows and is decided exactly. ``docs/architecture.md``, "Group effects".
 """
 
 from __future__ import annotations
@@ -42,7 +39,8 @@ from functools import partial
 from typing import Any, NamedTuple
 
 import numpy as np
-from scipy import special
+
+from pymc_subsample.kernels.group_tests import GroupTest, exact_decisions, staged_decisions
 
 __all__ = [
     "GroupParts",
@@ -64,14 +62,6 @@ __all__ = [
 #: independence proposal lighter-tailed than its target is not geometrically ergodic and can
 #: stay stuck at a chain's start); on a Gaussian conditional it costs a little acceptance.
 PROPOSAL_DF = 7.0
-#: Largest standard error of a group's estimated log-likelihood ratio (``n_g`` times the
-#: residuals' standard error) that a sampled decision accepts. The control variate makes it
-#: tiny where the chain is near the expansion (1e-3 to 1e-2 on a Poisson hierarchy's groups);
-#: far from it the residuals are large and heavy-tailed (``exp(eta_i)`` times a cubic in the
-#: move), their spread in one batch is no guide to the group's, and a t-test on them decided
-#: wrongly and confidently often enough to hold chains in a group's tail, so such a group is
-#: read whole instead.
-ESTIMATE_SD = 0.2
 #: Smallest eigenvalue of a proposal's precision, relative to 1 (a flat direction of the
 #: quadratic model gets a proposal sd of 1e3 rather than infinity).
 PRECISION_FLOOR = 1e-6
@@ -209,75 +199,6 @@ def model_derivatives(parts: GroupParts, quadratic: GroupQuadratic) -> tuple[Any
 RowTerms = Callable[[GroupParts, GroupParts, np.ndarray, np.ndarray, bool], np.ndarray]
 
 
-def _sequential_tests(
-    rng: np.random.Generator,
-    groups: np.ndarray,
-    threshold: np.ndarray,
-    rows: GroupRows,
-    row_terms: Callable[[np.ndarray, np.ndarray, bool], np.ndarray],
-    batch_size: int,
-    error_tolerance: float,
-) -> tuple[np.ndarray, np.ndarray, int]:
-    """Algorithm 1 of Korattikara et al. (2014) for every group at once, on the residuals.
-
-    Each stage draws as many rows again as the group has read (``batch_size`` at first) and
-    decides the groups whose t-test is confident and whose estimate's standard error is at
-    most :data:`ESTIMATE_SD`; a group whose next stage would read as many rows as it holds,
-    or whose residuals are not finite, is left to be read whole.
-
-    Returns
-    -------
-    accept : ndarray
-        ``(G,)`` bool: the decisions made (False elsewhere).
-    unsure : ndarray
-        The groups left to be read whole.
-    read : int
-        Rows read.
-    """
-    n_groups = threshold.size
-    accept = np.zeros(n_groups, bool)
-    shift = np.zeros(n_groups)
-    total = np.zeros(n_groups)
-    squares = np.zeros(n_groups)
-    count = np.zeros(n_groups, np.int64)
-    unsure: list[np.ndarray] = []
-    active, draw, read = groups, batch_size, 0
-    while active.size:
-        sizes = rows.sizes[active]
-        picks = rows.starts[active][:, None] + np.floor(
-            rng.random((active.size, draw)) * sizes[:, None]
-        ).astype(np.int64)
-        values = row_terms(rows.order[picks.ravel()], np.repeat(active, draw), True)
-        read += picks.size
-        with np.errstate(invalid="ignore", over="ignore"):
-            residual = values.reshape(active.size, draw)
-            if not count[active[0]]:  # the first stage: shift by its mean (stable sums)
-                shift[active] = residual.mean(axis=1)
-            centred = residual - shift[active][:, None]
-            total[active] += centred.sum(axis=1)
-            squares[active] += (centred * centred).sum(axis=1)
-        count[active] += draw
-        m = count[active]
-        with np.errstate(invalid="ignore", divide="ignore"):
-            mean_centred = total[active] / m
-            variance = np.maximum(squares[active] - m * mean_centred**2, 0.0) / (m - 1)
-            average = shift[active] + mean_centred
-            error = np.sqrt(variance / m)
-            statistic = np.abs(average - threshold[active]) / error
-        # Algorithm 1, line 7: the Student-t tail (stdtr is its CDF; a ufunc, no wrapper).
-        tail = special.stdtr(m - 1, -statistic)
-        finite = np.isfinite(average) & np.isfinite(error)
-        confident = finite & (tail < error_tolerance) & (sizes * error <= ESTIMATE_SD)
-        sure = active[confident]
-        accept[sure] = average[confident] > threshold[sure]
-        draw = 2 * draw
-        left = active[~confident]
-        whole = ~finite[~confident] | (rows.sizes[left] <= count[left] + draw)
-        unsure.append(left[whole])
-        active = left[~whole]
-    return accept, np.concatenate(unsure), read
-
-
 class SharedMoveInfo(NamedTuple):
     """What one move of the shared coefficients did; the field names are the step's stats."""
 
@@ -298,7 +219,7 @@ def group_effects_sweep(
     rows: GroupRows,
     row_terms: RowTerms,
     batch_size: int,
-    error_tolerance: float,
+    test: GroupTest,
 ) -> tuple[np.ndarray, GroupSweepInfo]:
     """Propose new effects for every group of a factor and decide each on its own rows.
 
@@ -320,8 +241,8 @@ def group_effects_sweep(
         See :data:`RowTerms`.
     batch_size : int
         Rows read per sampled group (groups of at most this many rows are read whole).
-    error_tolerance : float
-        The t-test's epsilon (Korattikara et al. 2014, Algorithm 1).
+    test : GroupTest
+        How each group is decided (``kernels/group_tests.py``).
 
     Returns
     -------
@@ -365,17 +286,25 @@ def group_effects_sweep(
     sampled = np.flatnonzero(live & ~rows.whole)
     unsure = np.zeros(0, np.int64)
     if sampled.size:
-        known = quadratic.change(sampled, parts.cells[sampled], parts_new.cells[sampled])
-        threshold = np.full(n_groups, np.nan)
-        threshold[sampled] = (log_u[sampled] - rest[sampled] - known) / rows.sizes[sampled]
-        accept_sampled, unsure, read = _sequential_tests(
+        known = np.full(n_groups, np.nan)
+        known[sampled] = rest[sampled] + quadratic.change(
+            sampled, parts.cells[sampled], parts_new.cells[sampled]
+        )
+
+        def draw_rows(groups: np.ndarray, k: int) -> np.ndarray:
+            offsets = np.floor(rng.random((groups.size, k)) * rows.sizes[groups][:, None])
+            return rows.order[rows.starts[groups][:, None] + offsets.astype(np.int64)]
+
+        accept_sampled, unsure, read = staged_decisions(
             rng,
+            test,
             sampled,
-            threshold,
-            rows,
+            rows.sizes,
+            draw_rows,
             partial(row_terms, parts, parts_new),
+            known,
+            log_u,
             batch_size,
-            error_tolerance,
         )
         accept[sampled] = accept_sampled[sampled]
         n_data += read
@@ -388,7 +317,7 @@ def group_effects_sweep(
     on_all_rows[unsure] = True
     finite = np.isfinite(likelihood)
     exact = on_all_rows & finite
-    accept[exact] = likelihood[exact] + rest[exact] > log_u[exact]
+    accept[exact] = exact_decisions(rng, test, likelihood[exact] + rest[exact], log_u[exact])
     nonfinite = ~live | (on_all_rows & ~finite)
     accept &= live
     result = q.copy()

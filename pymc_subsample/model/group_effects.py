@@ -51,7 +51,11 @@ from pymc_subsample.model.grouped_rows import (
     per_row_derivatives_graph,
 )
 
-__all__ = ["GroupFactor", "GroupEffectFunctions", "group_effect_functions"]
+__all__ = ["NO_GROUP_INDEX", "GroupFactor", "GroupEffectFunctions", "group_effect_functions"]
+
+
+#: Why a model is no hierarchy at all (no other reason means it is one the step refuses).
+NO_GROUP_INDEX = "no row reads them through a group index (effect[group_index])"
 
 
 class GroupEffectFunctions(NamedTuple):
@@ -121,7 +125,7 @@ def group_effect_functions(
     """
     grouped = find_grouped_rows(rows_q, q, row_inputs, q0)
     if grouped is None:
-        return "no row reads them through a group index (effect[group_index])"
+        return NO_GROUP_INDEX
     factors = _factors(grouped, var_layout, q0)
     if isinstance(factors, str):
         return factors

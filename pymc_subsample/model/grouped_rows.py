@@ -40,6 +40,7 @@ __all__ = [
     "Gather",
     "GroupedRows",
     "find_grouped_rows",
+    "reads_a_group_index",
     "per_row_derivatives_graph",
     "table_derivatives_graph",
     "table_curvature_graph",
@@ -186,6 +187,22 @@ def find_grouped_rows(
 _GATHER_OPS: tuple[type, ...] = tuple(
     op for op in (AdvancedSubtensor, getattr(subtensor, "AdvancedSubtensor1", None)) if op
 )
+
+
+def reads_a_group_index(outputs: Sequence[Variable], values: Sequence[Variable]) -> bool:
+    """Whether ``outputs`` gather a tensor of ``values`` by an index that reads none of them.
+
+    The graph-only first look of :func:`find_grouped_rows` (no row placeholders, nothing
+    evaluated): ``effect[group_index]`` in a model's observed log-densities.
+    """
+    of_values: set[Variable] = set(values)
+    for node in toposort(outputs):
+        inputs = node.inputs
+        if _is_first_axis_gather(node) and inputs[0] in of_values and inputs[1] not in of_values:
+            return True
+        if any(inp in of_values for inp in inputs):
+            of_values.update(node.outputs)
+    return False
 
 
 def _is_first_axis_gather(node: object) -> bool:

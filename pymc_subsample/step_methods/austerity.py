@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pymc_subsample.kernels.group_tests import T_TEST
 from pymc_subsample.step_methods.acceptance_tests.sequential_t import SequentialTTest
 from pymc_subsample.step_methods.base import SubsampleMH
 
@@ -134,6 +135,16 @@ class AusterityMH(SubsampleMH, test=SequentialTTest):
         and why not. The algorithm is the same; the random numbers come from Numba's generator
         (seeded from the chain's), so draws differ from ``fused=False`` for the same seed.
         The first step on a new model compiles the draw (about 2 s, cached on disk).
+    group_effects : {"auto", True, False}, default "auto"
+        On a hierarchy (group effects read by the rows through a group index, such as
+        ``a[group_idx]``), ``"auto"`` builds :class:`~pymc_subsample.GroupEffectsMH` with
+        this step's test instead, when no argument but ``error_tolerance``, ``model``,
+        ``rng``, ``obs_dim`` and ``compile_kwargs`` is given: each group's effects are
+        decided on their own rows, the hyperparameters on none, so a draw reads
+        O(groups x batch) rows whatever N. It says so once on PyMC's logger (the line beside
+        ``pm.sample``'s own), and why not where a hierarchy's structure is one that step
+        refuses (then this step samples every variable in one block). ``True`` requires the
+        group route (an error where it does not apply); ``False`` is always this step.
 
     Notes
     -----
@@ -213,3 +224,4 @@ class AusterityMH(SubsampleMH, test=SequentialTTest):
     """
 
     name = "austerity_mh"
+    group_test = T_TEST

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pymc_subsample.kernels.group_tests import BARKER
 from pymc_subsample.step_methods.acceptance_tests.barker import BarkerTest, barker_tune
 from pymc_subsample.step_methods.base import SubsampleMH
 
@@ -61,6 +62,10 @@ class MinibatchBarkerMH(SubsampleMH, test=BarkerTest):
         automatic reference point at temperature 1). The Barker variance ``s^2`` is then that
         of the residuals' estimate, which at temperature 1 falls below 1 with O(1) rows instead
         of needing all N.
+    group_effects : {"auto", True, False}, default "auto"
+        As for :class:`~pymc_subsample.AusterityMH` (with ``correction_sd`` in place of
+        ``error_tolerance``): on a hierarchy, :class:`~pymc_subsample.GroupEffectsMH` with
+        ``test="barker"``.
 
     Notes
     -----
@@ -114,3 +119,4 @@ class MinibatchBarkerMH(SubsampleMH, test=BarkerTest):
     """
 
     name = "minibatch_barker_mh"
+    group_test = BARKER

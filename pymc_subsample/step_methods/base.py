@@ -55,6 +55,7 @@ from pymc_subsample.step_methods.defaults import (
 )
 from pymc_subsample.step_methods.diagnostics import ChainDiagnostics
 from pymc_subsample.step_methods.fused_path import FusedDraw, fused_obstacle, seed_fused_draws
+from pymc_subsample.step_methods.group_route import AUTO_GROUPS, GROUP_ROUTE_MARK, group_route
 from pymc_subsample.step_methods.progress import make_progressbar_updaters, progressbar_config
 from pymc_subsample.step_methods.proposal_parts import PROPOSAL_PARTS, ProposalPart
 from pymc_subsample.step_methods.proposal_parts.hamiltonian import HamiltonianPart
@@ -108,6 +109,19 @@ class SubsampleMH(SubsampleStepBase, ControlVariateChoice):
     name = "subsample_mh"
     #: The test part this step class decides with (set by the class statement's ``test=``).
     test_class: ClassVar[type[AcceptanceTest] | None] = None
+    #: The test (``kernels/group_tests.py``) of the group step this very class builds for a
+    #: hierarchy when left at its defaults (``group_route.py``); None: no such route. Not
+    #: inherited: a subclass is always the one-block step.
+    group_test: ClassVar[str | None] = None
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        """Build the group step for a hierarchy (``group_route.py``), else this step."""
+        if "group_test" in cls.__dict__ and cls.group_test is not None:
+            step = group_route(cls.__name__, cls.group_test, args, kwargs)
+            if step is not None:
+                return step  # not an instance of cls: Python does not call __init__ again
+            kwargs[GROUP_ROUTE_MARK] = True  # kept for unpickling in worker processes
+        return super().__new__(cls, *args, **kwargs)
 
     def __init_subclass__(cls, test: type[AcceptanceTest] | None = None, **kwargs: Any) -> None:
         if test is not None:
@@ -138,10 +152,16 @@ class SubsampleMH(SubsampleStepBase, ControlVariateChoice):
         reference_point: Any = None,
         recenter: str | None = None,
         fused: bool = True,
+        group_effects: bool | str = AUTO_GROUPS,
         **test_settings: Any,
     ) -> None:
         #: The test part, built from the test's settings first (they are checked before the
         #: model is compiled).
+        if group_effects is True and type(self).__dict__.get("group_test") is None:
+            raise ValueError(
+                f"{type(self).__name__} has no group route: sample a hierarchy group by group "
+                "with pms.GroupEffectsMH, pms.AusterityMH or pms.MinibatchBarkerMH."
+            )
         self.test: AcceptanceTest = build_test(type(self), test_settings)
         self.temperature = check_temperature(temperature)
         self.tune_interval = check_int("tune_interval", tune_interval, minimum=1)

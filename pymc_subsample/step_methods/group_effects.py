@@ -14,6 +14,8 @@ from pymc.step_methods.state import dataclass_state
 from pymc.util import RandomGenerator
 from pytensor.tensor.variable import TensorVariable
 
+from pymc_subsample.kernels.austerity import AusterityDecision
+from pymc_subsample.kernels.barker import BarkerDecision
 from pymc_subsample.kernels.group_effects import (
     GroupParts,
     GroupRows,
@@ -26,18 +28,25 @@ from pymc_subsample.kernels.group_effects import (
     newton_gaussian,
     proposal_log_density,
 )
+from pymc_subsample.kernels.group_tests import BARKER, T_TEST, GroupTest
 from pymc_subsample.kernels.hyper_walk import HyperWalk, HyperWalkInfo
-from pymc_subsample.kernels.stratified import Strata, build_strata, stratified_mh_test
+from pymc_subsample.kernels.stratified import (
+    Strata,
+    build_strata,
+    stratified_barker_test,
+    stratified_mh_test,
+)
 from pymc_subsample.model.group_effects import GroupEffectFunctions, GroupFactor
 from pymc_subsample.model.row_data import row_chunks
 from pymc_subsample.step_methods.acceptance_tests import StatSpec
+from pymc_subsample.step_methods.acceptance_tests.barker import BarkerTest
 from pymc_subsample.step_methods.acceptance_tests.sequential_t import _check_error_tolerance
-from pymc_subsample.step_methods.arguments import check_int
+from pymc_subsample.step_methods.arguments import check_choice, check_int
 from pymc_subsample.step_methods.group_expansion import PASS_ROWS, GroupExpansion
 from pymc_subsample.step_methods.step_base import SubsampleStepBase
 from pymc_subsample.step_methods.stratification import WHOLE_GROUP_ROWS
 
-__all__ = ["GroupEffectsMH"]
+__all__ = ["GroupEffectsMH", "NotGroupEffects"]
 
 #: Default epsilon of each group's t-test (Korattikara et al. 2014, Algorithm 1).
 DEFAULT_ERROR_TOLERANCE = 0.01
@@ -54,6 +63,23 @@ SETTLED = 0.01
 #: Longest Newton move of an effect at a chain's start, in the variables' own
 #: (unconstrained) units.
 NEWTON_MOVE = 1.0
+
+
+class NotGroupEffects(ValueError):
+    """The step's variables are not a hierarchy's group effects (raised before sampling)."""
+
+    def __init__(self, names: str, reason: str) -> None:
+        super().__init__(
+            f"GroupEffectsMH updates a hierarchy's group effects, and {names} are not group "
+            f"effects: {reason}. Give it only the variables indexed by a group index "
+            "(vars=[a, b] for a[group_idx], b[group_idx]) and sample the others "
+            "(hyperparameters, shared coefficients) with pms.AusterityMH in the same "
+            "pm.sample(step=[...])."
+        )
+        #: The variables, quoted and joined.
+        self.names = names
+        #: Why, in the user's words (``model/group_effects.py``).
+        self.reason = reason
 
 
 @dataclass_state
@@ -87,8 +113,13 @@ class GroupEffectsMH(SubsampleStepBase):
        rows stratified by group with the expansion as a control variate (every row where
        that test is not confident).
 
-    ``docs/architecture.md``, "Group effects", gives the estimators and the proposals. Never
-    assigned automatically: pass it as ``step=``.
+    Each sampled decision is the sequential t-test (``test="t"``) or the minibatch Barker
+    test of :class:`MinibatchBarkerMH` (``test="barker"``: Seita et al. 2018, Algorithm 1, the
+    group, or the strata of rows, as the population); moves 2 and 3 read no row and are exact
+    Metropolis-Hastings. ``docs/architecture.md``, "Group effects", gives the estimators and
+    the proposals. ``pm.sample`` never assigns it, but ``pms.AusterityMH()`` and
+    ``pms.MinibatchBarkerMH()`` build it, with their test, when given a hierarchy and no
+    setting of their own (their ``group_effects`` argument).
 
     Parameters
     ----------
@@ -97,9 +128,17 @@ class GroupEffectsMH(SubsampleStepBase):
         group effect (its first axis the groups' axis, read through a group index), a
         hyperparameter (read by no row, or only inside the groups' parameters), or a
         coefficient the rows read directly.
+    test : {"t", "barker"}, default "t"
+        The test of each sampled decision: the sequential t-test of :class:`AusterityMH`, or
+        the minibatch Barker test of :class:`MinibatchBarkerMH` (whose acceptance
+        probability is Barker's ``1 / (1 + exp(-Delta))``, below Metropolis-Hastings', so
+        the groups move less often per draw).
     error_tolerance : float, default 0.01
-        Probability of a wrong decision allowed in each sampled test, in [0, 0.5); 0 reads
-        every row (exact Metropolis-within-Gibbs).
+        The t-test's probability of a wrong decision in each sampled test, in [0, 0.5); 0
+        reads every row (exact Metropolis-within-Gibbs). Unused by the Barker test.
+    correction_sd : float, default 1.0
+        The Barker test's sigma (:class:`MinibatchBarkerMH`): a sampled decision is made
+        once its estimate's variance is below ``correction_sd**2``. Unused by the t-test.
     batch_size : int, default 50
         Rows read per group whose test is sampled; groups of at most this many rows are
         decided exactly on all of them.
@@ -166,7 +205,9 @@ class GroupEffectsMH(SubsampleStepBase):
         self,
         vars: Sequence[TensorVariable] | None = None,
         *,
+        test: str = T_TEST,
         error_tolerance: float = DEFAULT_ERROR_TOLERANCE,
+        correction_sd: float = 1.0,
         batch_size: int = DEFAULT_BATCH_SIZE,
         obs_dim: str | None = None,
         model: pm.Model | None = None,
@@ -174,6 +215,13 @@ class GroupEffectsMH(SubsampleStepBase):
         compile_kwargs: dict[str, Any] | None = None,
     ) -> None:
         self.error_tolerance = _check_error_tolerance(error_tolerance)
+        kind = check_choice("test", test, (T_TEST, BARKER))
+        #: The test of every sampled decision (``kernels/group_tests.py``).
+        self.test = GroupTest(
+            kind,
+            self.error_tolerance,
+            BarkerTest(correction_sd=correction_sd).correction if kind == BARKER else None,
+        )
         batch_size = check_int("batch_size", batch_size, minimum=2)
         super().__init__(
             vars,
@@ -186,14 +234,7 @@ class GroupEffectsMH(SubsampleStepBase):
         )
         functions = self.oracles.group_effects()
         if isinstance(functions, str):
-            names = ", ".join(repr(name) for name in self.var_names)
-            raise ValueError(
-                f"GroupEffectsMH updates a hierarchy's group effects, and {names} are not "
-                f"group effects: {functions}. Give it only the variables indexed by a group "
-                "index (vars=[a, b] for a[group_idx], b[group_idx]) and sample the others "
-                "(hyperparameters, shared coefficients) with pms.AusterityMH in the same "
-                "pm.sample(step=[...])."
-            )
+            raise NotGroupEffects(", ".join(repr(name) for name in self.var_names), functions)
         self.functions: GroupEffectFunctions = functions
         self.strata: Strata | None = None
         self.layouts = self._layouts()
@@ -205,6 +246,17 @@ class GroupEffectsMH(SubsampleStepBase):
         #: One exact random walk per ridge the expansion finds (``_move_ridges``).
         self._ridge_walks: list[HyperWalk] = []
         self.oracles.ensure_rows_finite()
+
+    def describe_groups(self) -> str:
+        """Name the group effects and count their groups (``"'a': 200 groups"``)."""
+        sizes = [int(np.prod(self._initial_point[name].shape)) for name in self.var_names]
+        ends = np.cumsum(sizes)
+        parts = []
+        for factor in self.factors:
+            owners = np.searchsorted(ends, np.unique(factor.coordinates), side="right")
+            names = ", ".join(repr(self.var_names[k]) for k in np.unique(owners))
+            parts.append(f"{names}: {factor.n_groups} groups")
+        return "; ".join(parts)
 
     @property
     def factors(self) -> tuple[GroupFactor, ...]:
@@ -414,16 +466,32 @@ class GroupEffectsMH(SubsampleStepBase):
             known += float(np.einsum("gcd,gc->d", self.expansion.crosses[f], moved) @ (new - old))
         assert self.strata is not None
         parts = self.expansion.parts(0, q)
+
         # The rows' residuals sum with the known part to the exact change, so the residuals
         # are the test's values and the known part joins the prior and proposal ratio.
-        decision = stratified_mh_test(
-            self.rng,
-            lambda rows: self._row_terms(None, q, q_new, parts, parts, rows, True),
-            self.strata,
-            rest + known,
-            self.error_tolerance,
-            self.batch_size,
-        )
+        def residuals(rows: np.ndarray) -> np.ndarray:
+            return self._row_terms(None, q, q_new, parts, parts, rows, True)
+
+        decision: AusterityDecision | BarkerDecision
+        if self.test.correction is None:
+            decision = stratified_mh_test(
+                self.rng,
+                residuals,
+                self.strata,
+                rest + known,
+                self.error_tolerance,
+                self.batch_size,
+            )
+        else:
+            decision = stratified_barker_test(
+                self.rng,
+                residuals,
+                self.strata,
+                rest + known,
+                self.batch_size,
+                1.0,
+                self.test.correction,
+            )
         accepted = decision.accepted and not decision.nonfinite_proposal
         info = SharedMoveInfo(decision.n_data, accepted, decision.full_data)
         return (q_new if accepted else q), info
@@ -500,7 +568,7 @@ class GroupEffectsMH(SubsampleStepBase):
                 layout,
                 terms,
                 self.batch_size,
-                self.error_tolerance,
+                self.test,
             )
             for field, value in info._asdict().items():
                 totals[field] += value
@@ -520,7 +588,7 @@ class GroupEffectsMH(SubsampleStepBase):
             **shared._asdict(),
             "n_groups": n_groups,
             "accept_rate": totals["n_accepted"] / max(n_groups, 1),
-            "error_tolerance": self.error_tolerance,
+            "error_tolerance": self.error_tolerance if self.test.kind == T_TEST else np.nan,
             "batch_size": self.batch_size,
         }
         return RaveledVars(q, q0.point_map_info), [stats]
