@@ -31,6 +31,7 @@ import pymc as pm
 import pytest
 from scipy import stats
 
+import pymc_subsample as pms
 from pymc_subsample import GroupEffectsMH
 
 SIZES = [0, 1, 3, 20, 50, 51, 80, 200, 400, 1_500, 4_000, 6, 120, 900]
@@ -383,3 +384,22 @@ def test_crossed_factors_and_an_intercept_match_the_exact_gaussian_posterior():
     assert np.all(np.abs(z) < 4.0), z
     assert np.all(np.abs(flat.std(axis=0) / sds - 1.0) < 0.1), flat.std(axis=0) / sds
     assert ess.min() > 200, ess
+
+
+def test_groups_read_whole_warn_that_full_data_is_faster():
+    """300 groups of 4 rows: every draw reads every row, and the user is told why (once)."""
+    rng = np.random.default_rng(2)
+    group = np.repeat(np.arange(300), 4)
+    y = rng.poisson(np.exp(rng.normal(0.0, 0.5, 300)[group]))
+    with pm.Model(coords={"group": range(300)}):
+        index = pm.Data("g", group)
+        mu = pm.Normal("mu", 0.0, 1.0)
+        a = pm.Normal("a", mu, 0.5, dims="group")
+        pm.Poisson("y", pm.math.exp(a[index]), observed=y)
+        with pytest.warns(pms.SubsampleWarning, match="groups of at most batch_size") as caught:
+            pm.sample(
+                tune=20, draws=30, chains=1, step=pms.AusterityMH(), progressbar=False,
+                random_seed=1, compute_convergence_checks=False,
+            )  # fmt: skip
+    said = [w for w in caught if "full-data NUTS" in str(w.message)]
+    assert len(said) == 1 and "100%" in str(said[0].message)

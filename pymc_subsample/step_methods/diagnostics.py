@@ -15,7 +15,14 @@ import math
 
 from pymc_subsample.warnings import warn_user
 
-__all__ = ["CHECK_EVERY", "COST_LIMIT", "FALLBACK_LIMIT", "KURTOSIS_LIMIT", "ChainDiagnostics"]
+__all__ = [
+    "CHECK_EVERY",
+    "COST_LIMIT",
+    "FALLBACK_LIMIT",
+    "KURTOSIS_LIMIT",
+    "ChainDiagnostics",
+    "RowCost",
+]
 
 #: Warn when more than this share of the draws after tuning used all rows.
 FALLBACK_LIMIT = 0.1
@@ -167,3 +174,36 @@ class ChainDiagnostics:
         if key not in self.warned:
             self.warned.add(key)
             warn_user(message, topic=f"ChainDiagnostics.{key}")
+
+
+class RowCost:
+    """One chain's rows per draw after tuning, judged as :meth:`ChainDiagnostics.check` does.
+
+    For a step without full-data fallbacks (``GroupEffectsMH``): :meth:`record` returns the
+    mean rows per draw once, at the chain's end (or every :data:`CHECK_EVERY` draws where the
+    number of draws is unknown), if it exceeds :data:`COST_LIMIT` of the N rows.
+    """
+
+    def __init__(self, n_rows: int) -> None:
+        self.n_rows = n_rows
+        self.reset(None)
+
+    def reset(self, draws: int | None) -> None:
+        """Start a chain that will make ``draws`` draws after tuning (None: unknown)."""
+        self.draws = draws
+        self.n_draws = 0
+        self.rows_read = 0
+        self.reported = False
+
+    def record(self, n_data: int) -> float | None:
+        """Count a draw after tuning; the mean rows per draw where they cost too much, once."""
+        self.n_draws += 1
+        self.rows_read += n_data
+        final = self.draws is not None and self.n_draws == self.draws
+        if self.reported or not (final or (self.draws is None and self.n_draws % CHECK_EVERY == 0)):
+            return None
+        mean_rows = self.rows_read / self.n_draws
+        if mean_rows <= COST_LIMIT * self.n_rows:
+            return None
+        self.reported = True
+        return mean_rows

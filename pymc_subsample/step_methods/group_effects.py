@@ -42,9 +42,11 @@ from pymc_subsample.step_methods.acceptance_tests import StatSpec
 from pymc_subsample.step_methods.acceptance_tests.barker import BarkerTest
 from pymc_subsample.step_methods.acceptance_tests.sequential_t import _check_error_tolerance
 from pymc_subsample.step_methods.arguments import check_choice, check_int
+from pymc_subsample.step_methods.diagnostics import RowCost
 from pymc_subsample.step_methods.group_expansion import PASS_ROWS, GroupExpansion
 from pymc_subsample.step_methods.step_base import SubsampleStepBase
 from pymc_subsample.step_methods.stratification import WHOLE_GROUP_ROWS
+from pymc_subsample.warnings import warn_user
 
 __all__ = ["GroupEffectsMH", "NotGroupEffects"]
 
@@ -169,6 +171,10 @@ class GroupEffectsMH(SubsampleStepBase):
     ``shared_n_data``, ``shared_accepted`` and ``shared_full_data`` (the shared
     coefficients' move), ``error_tolerance`` and ``batch_size``.
 
+    Where the draws after tuning read more than half of the rows on average (most rows in
+    groups of at most ``batch_size`` rows, which are read whole), a ``SubsampleWarning`` says
+    so once per chain: full-data NUTS is then likely the faster sampler.
+
     Examples
     --------
     >>> import numpy as np, pymc as pm, pymc_subsample as pms
@@ -243,6 +249,8 @@ class GroupEffectsMH(SubsampleStepBase):
         self.tune = True
         self._draws = 0
         self.expansion = GroupExpansion(functions, self.oracles)
+        #: Rows per draw after tuning, judged once per chain (``_check_cost``).
+        self.cost = RowCost(self.oracles.n_rows)
         #: One exact random walk per ridge the expansion finds (``_move_ridges``).
         self._ridge_walks: list[HyperWalk] = []
         self.oracles.ensure_rows_finite()
@@ -257,6 +265,32 @@ class GroupEffectsMH(SubsampleStepBase):
             names = ", ".join(repr(self.var_names[k]) for k in np.unique(owners))
             parts.append(f"{names}: {factor.n_groups} groups")
         return "; ".join(parts)
+
+    def _check_cost(self, n_data: int) -> None:
+        """Warn once per chain where the draws after tuning read most of the rows."""
+        mean_rows = self.cost.record(n_data)
+        if mean_rows is None:
+            return
+        n_rows = self.oracles.n_rows
+        read_whole = sum(int(layout.whole_rows.size) for layout in self.layouts)
+        share_whole = read_whole / max(n_rows * len(self.layouts), 1)
+        if share_whole > 0.5:
+            why = (
+                f"{share_whole:.0%} of the rows are in groups of at most batch_size="
+                f"{self.batch_size} rows, which every draw reads whole to decide their effects"
+            )
+        else:
+            why = (
+                "the groups' sampled tests were not sure and read their groups whole (stat "
+                "'n_full_groups'): their residuals are large, the expansion far from the chain"
+            )
+        warn_user(
+            f"Draws after tuning read {mean_rows:.0f} of the N={n_rows} rows on average "
+            f"({mean_rows / n_rows:.0%}, stat 'n_data'): {why}. The draws are right, but each "
+            "costs about as much as a full-data evaluation: on this model full-data NUTS "
+            "(pm.sample() without step=, or nutpie) is likely the faster sampler.",
+            topic="GroupEffectsMH.cost",
+        )
 
     @property
     def factors(self) -> tuple[GroupFactor, ...]:
@@ -287,11 +321,13 @@ class GroupEffectsMH(SubsampleStepBase):
 
     def _rebuild_for_data(self) -> None:
         self.layouts = self._layouts()
+        self.cost = RowCost(self.oracles.n_rows)
         self.expansion.quadratics = None
 
     def reset_tuning(self) -> None:
         """Start the chain's expansion afresh (at its first draw)."""
         self._draws = 0
+        self.cost.reset(self._chain_draws)
         self.expansion.quadratics = None
         if self.hyperparameters is not None:
             self.hyperparameters.reset()
@@ -581,6 +617,8 @@ class GroupEffectsMH(SubsampleStepBase):
         if self.functions.direct_coordinates.size:
             q, shared = self._move_shared(q)
             totals["n_data"] += shared.shared_n_data
+        if not self.tune:
+            self._check_cost(totals["n_data"])
         n_groups = sum(factor.n_groups for factor in self.factors)
         stats: dict[str, Any] = {
             **totals,
