@@ -79,7 +79,7 @@ MODELS: dict[str, tuple[tuple[int, ...], int]] = {
     "centred_poisson": ((100,), 100_000),
     "crossed_normal": ((100, 30), 200_000),
 }
-SAMPLERS = ("nutpie", "austerity", "barker", "one_block", "reference")
+SAMPLERS = ("nutpie", "austerity", "barker", "one_block", "reference", "exact")
 #: Sampler: (tune, draws) per chain of the full run and of ``--quick``.
 DRAWS = {
     "nutpie": ((1000, 1000), (100, 100)),
@@ -87,14 +87,20 @@ DRAWS = {
     "barker": ((1000, 2000), (100, 200)),
     "one_block": ((1000, 2000), (100, 200)),
     "reference": ((1000, 3000), (100, 300)),
+    "exact": ((1000, 3000), (100, 300)),
 }
-SEEDS = {"nutpie": 1, "austerity": 1, "barker": 1, "one_block": 1, "reference": 2}
+SEEDS = {"nutpie": 1, "austerity": 1, "barker": 1, "one_block": 1, "reference": 2, "exact": 2}
 #: The steps each sampler builds, with no other argument.
 STEPS = {
     "austerity": lambda: pms.AusterityMH(),
     "barker": lambda: pms.MinibatchBarkerMH(),
     "one_block": lambda: pms.AusterityMH(group_effects=False),
+    # The exact reference: every decision on all the group's (or all N) rows.
+    "exact": lambda: pms.GroupEffectsMH(error_tolerance=0.0),
 }
+#: Models whose accuracy reference is the exact group step (``exact``) rather than nutpie:
+#: nutpie cannot run long enough there (about 3 s an iteration).
+EXACT_REFERENCE = ("noncentred_logistic_1000",)
 #: The model too slow for a second, longer nutpie run: its nutpie run is the reference.
 NO_REFERENCE_RUN = "noncentred_logistic_1000"
 #: Models whose reference run adapts nutpie's low-rank mass matrix: with the default diagonal
@@ -353,18 +359,25 @@ def run_model(model_name: str, args: argparse.Namespace) -> tuple[dict[str, Any]
     counts = {sampler: DRAWS[sampler][int(args.quick)] for sampler in SAMPLERS}
     counts["nutpie"] = nutpie_draws(args.nutpie_draws).get(model_name, counts["nutpie"])
     long_reference = model_name not in args.no_reference
+    exact_reference = model_name in args.exact_reference
     samplers = ["nutpie", *(s for s in SAMPLERS if s in args.samplers)]
-    if long_reference:
+    if exact_reference:
+        samplers.append("exact")
+    elif long_reference:
         samplers.append("reference")
     runs = {sampler: _run_child(model_name, sampler, counts[sampler], args) for sampler in samplers}
-    reference = runs["reference" if long_reference else "nutpie"]
+    reference = runs["exact" if exact_reference else "reference" if long_reference else "nutpie"]
     nutpie = runs["nutpie"]
     summaries = []
     for sampler, run in runs.items():
         summary = {k: v for k, v in run.items() if k not in ("mean", "sd", "free")}
         if "error" not in run and "error" not in nutpie:
             summary["ratio_to_nutpie"] = run["min_ess_per_second"] / nutpie["min_ess_per_second"]
-        if "error" not in run and "error" not in reference and sampler != "reference":
+        if (
+            "error" not in run
+            and "error" not in reference
+            and sampler not in ("reference", "exact")
+        ):
             summary.update(compare(run, reference))
         summaries.append(summary)
     groups, rows = sizes(model_name, args.quick)
@@ -373,7 +386,11 @@ def run_model(model_name: str, args: argparse.Namespace) -> tuple[dict[str, Any]
         "rows": rows,
         "tune_draws": {sampler: list(counts[sampler]) for sampler in samplers},
         "reference": (
-            "nutpie, a longer run with another seed (sampler 'reference'), "
+            "the exact group step, pms.GroupEffectsMH(error_tolerance=0.0), every decision on "
+            "all the rows it concerns (sampler 'exact', another seed): Metropolis-within-Gibbs "
+            "with the same moves, so it checks the subsampled tests' error, not the moves"
+            if exact_reference
+            else "nutpie, a longer run with another seed (sampler 'reference'), "
             + (
                 "with its low-rank mass-matrix adaptation"
                 if model_name in args.low_rank_reference
@@ -417,10 +434,18 @@ def main() -> None:
         f"(default {' '.join(LOW_RANK_REFERENCE)})",
     )
     parser.add_argument(
+        "--exact-reference",
+        nargs="*",
+        default=list(EXACT_REFERENCE),
+        metavar="MODEL",
+        help="models whose reference is the exact group step (default "
+        f"{' '.join(EXACT_REFERENCE)})",
+    )
+    parser.add_argument(
         "--samplers",
         nargs="+",
-        choices=[s for s in SAMPLERS if s not in ("nutpie", "reference")],
-        default=[s for s in SAMPLERS if s not in ("nutpie", "reference")],
+        choices=[s for s in SAMPLERS if s not in ("nutpie", "reference", "exact")],
+        default=[s for s in SAMPLERS if s not in ("nutpie", "reference", "exact")],
         help="our samplers to run beside nutpie (and the reference run)",
     )
     parser.add_argument("--timeout", type=float, default=CHILD_TIMEOUT_S, help="s per run")

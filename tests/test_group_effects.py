@@ -387,7 +387,11 @@ def test_crossed_factors_and_an_intercept_match_the_exact_gaussian_posterior():
 
 
 def test_groups_read_whole_warn_that_full_data_is_faster():
-    """300 groups of 4 rows: every draw reads every row, and the user is told why (once)."""
+    """300 groups of 4 rows: every draw reads every row, and the user is told why (once).
+
+    1,000 draws: PyMC 5 does not tell a step how many draws a chain makes, and the check
+    then runs every 1,000 draws after tuning (``diagnostics.CHECK_EVERY``).
+    """
     rng = np.random.default_rng(2)
     group = np.repeat(np.arange(300), 4)
     y = rng.poisson(np.exp(rng.normal(0.0, 0.5, 300)[group]))
@@ -398,7 +402,7 @@ def test_groups_read_whole_warn_that_full_data_is_faster():
         pm.Poisson("y", pm.math.exp(a[index]), observed=y)
         with pytest.warns(pms.SubsampleWarning, match="groups of at most batch_size") as caught:
             pm.sample(
-                tune=20, draws=30, chains=1, step=pms.AusterityMH(), progressbar=False,
+                tune=20, draws=1_000, chains=1, step=pms.AusterityMH(), progressbar=False,
                 random_seed=1, compute_convergence_checks=False,
             )  # fmt: skip
     said = [w for w in caught if "full-data NUTS" in str(w.message)]

@@ -70,7 +70,7 @@ class StageEstimate(NamedTuple):
 
     #: Mean of the group's sampled residuals.
     mean: np.ndarray
-    #: Standard error of that mean (the residuals' sd over ``sqrt(count)``).
+    #: Standard error of that mean (the residuals' sd over ``sqrt(n_rows)``).
     error: np.ndarray
     #: Rows read so far per group.
     n_rows: np.ndarray

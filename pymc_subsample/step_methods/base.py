@@ -155,13 +155,14 @@ class SubsampleMH(SubsampleStepBase, ControlVariateChoice):
         group_effects: bool | str = AUTO_GROUPS,
         **test_settings: Any,
     ) -> None:
-        #: The test part, built from the test's settings first (they are checked before the
-        #: model is compiled).
+        # group_effects chose the route in __new__ (group_route.py); here it is only checked.
         if group_effects is True and type(self).__dict__.get("group_test") is None:
             raise ValueError(
                 f"{type(self).__name__} has no group route: sample a hierarchy group by group "
                 "with pms.GroupEffectsMH, pms.AusterityMH or pms.MinibatchBarkerMH."
             )
+        #: The test part, built from the test's settings first (they are checked before the
+        #: model is compiled).
         self.test: AcceptanceTest = build_test(type(self), test_settings)
         self.temperature = check_temperature(temperature)
         self.tune_interval = check_int("tune_interval", tune_interval, minimum=1)

@@ -169,7 +169,7 @@ class GroupEffectsMH(SubsampleStepBase):
     ``n_nonfinite`` (groups whose proposal gave a non-finite value, rejected),
     ``hyper_accept_rate`` and ``hyper_scale`` (the hyperparameters' moves),
     ``shared_n_data``, ``shared_accepted`` and ``shared_full_data`` (the shared
-    coefficients' move), ``error_tolerance`` and ``batch_size``.
+    coefficients' move), ``error_tolerance`` (NaN with the Barker test) and ``batch_size``.
 
     Where the draws after tuning read more than half of the rows on average (most rows in
     groups of at most ``batch_size`` rows, which are read whole), a ``SubsampleWarning`` says

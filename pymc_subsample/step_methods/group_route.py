@@ -85,7 +85,8 @@ def group_route(
             )
         return None
     model = pm.modelcontext(kwargs.get("model"))
-    discrete = discrete_names(step_value_vars(model, None))
+    values = step_value_vars(model, None)
+    discrete = discrete_names(values)
     if discrete:
         if choice is True:
             raise ValueError(
@@ -93,7 +94,6 @@ def group_route(
                 f"has discrete ones {discrete}: give them their own step in pm.sample(step=[...])."
             )
         return None
-    values = step_value_vars(model, None)
     observed = model.logp(vars=model.observed_RVs, sum=False) if model.observed_RVs else []
     if not reads_a_group_index(observed, values):  # no hierarchy: build nothing more
         if choice is True:
@@ -108,13 +108,14 @@ def group_route(
         if choice is True:
             raise
         if refusal.reason != NO_GROUP_INDEX:
-            _log.info(
-                "%s: the model reads %s through a group index, but cannot be sampled group by "
-                "group (%s); sampling every variable in one block.",
-                step_name,
-                refusal.names,
-                refusal.reason,
-            )
+            _say_one_block(step_name, refusal.names, refusal.reason)
+        return None
+    except (ValueError, TypeError, NotImplementedError) as error:
+        # A model the group step cannot build on (the one-block step raises what is wrong
+        # with the input itself, if anything is).
+        if choice is True:
+            raise
+        _say_one_block(step_name, ", ".join(repr(v.name) for v in values), str(error))
         return None
     _log.info(
         "%s: the model is a hierarchy (%s); sampling it group by group with "
@@ -126,3 +127,13 @@ def group_route(
         test,
     )
     return step
+
+
+def _say_one_block(step_name: str, names: str, reason: str) -> None:
+    _log.info(
+        "%s: the model reads %s through a group index, but cannot be sampled group by group "
+        "(%s); sampling every variable in one block.",
+        step_name,
+        names,
+        reason,
+    )
