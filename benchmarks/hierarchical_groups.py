@@ -44,13 +44,15 @@ Cost: nutpie's numba gradient of the logistic models takes about 130 ns a row on
 5 ns), so nutpie on ``noncentred_logistic_1000`` takes about 3 s an iteration (one chain of
 150 + 100 took 742 s; the default 2 x 2,000 would take over 3 hours) and on
 ``noncentred_logistic_200`` about 0.6 s. ``results/hierarchical_groups.json`` holds (see its
-``models`` entries) one run of ``--models centred_poisson crossed_normal
-noncentred_logistic_200 --nutpie-draws noncentred_logistic_200=150:150 --no-reference
-noncentred_logistic_200 --timeout 900`` (18 minutes); not ``noncentred_logistic_1000``, which
-did not fit the hour. ``--quick`` is a smoke test (groups /
-10, rows / 50, short chains; about 5 minutes for the four models). Writes
-``results/hierarchical_groups.json`` (``--quick``: ``results/hierarchical_groups_quick.json``);
-models not run keep their earlier results there.
+``models`` entries) two runs made one after the other: ``--models centred_poisson
+crossed_normal noncentred_logistic_200 --nutpie-draws noncentred_logistic_200=150:150
+--no-reference noncentred_logistic_200 noncentred_logistic_1000 --timeout 900`` (32 minutes),
+then ``--models noncentred_logistic_1000 --samplers austerity barker --nutpie-draws
+noncentred_logistic_1000=100:100 --timeout 2400`` (13 minutes; nutpie's run is the reference
+there, too short to be one: an exact reference, ``--exact-reference``, took 0.3 to 0.6 s a
+draw). ``--quick`` is a smoke test (groups / 10, rows / 50, short chains; about 5 minutes for
+the four models). Writes ``results/hierarchical_groups.json`` (``--quick``:
+``results/hierarchical_groups_quick.json``); models not run keep their earlier results there.
 """
 
 from __future__ import annotations
@@ -98,9 +100,11 @@ STEPS = {
     # The exact reference: every decision on all the group's (or all N) rows.
     "exact": lambda: pms.GroupEffectsMH(error_tolerance=0.0),
 }
-#: Models whose accuracy reference is the exact group step (``exact``) rather than nutpie:
-#: nutpie cannot run long enough there (about 3 s an iteration).
-EXACT_REFERENCE = ("noncentred_logistic_1000",)
+#: Models whose accuracy reference is the exact group step (``exact``) rather than nutpie,
+#: where nutpie cannot run long enough (``--exact-reference``). None by default: on
+#: ``noncentred_logistic_1000`` it reads every row about twice per draw (0.3 to 0.6 s), too
+#: slow for the benchmark's hour.
+EXACT_REFERENCE: tuple[str, ...] = ()
 #: The model too slow for a second, longer nutpie run: its nutpie run is the reference.
 NO_REFERENCE_RUN = "noncentred_logistic_1000"
 #: Models whose reference run adapts nutpie's low-rank mass matrix: with the default diagonal
@@ -365,12 +369,26 @@ def run_model(model_name: str, args: argparse.Namespace) -> tuple[dict[str, Any]
         samplers.append("exact")
     elif long_reference:
         samplers.append("reference")
-    runs = {sampler: _run_child(model_name, sampler, counts[sampler], args) for sampler in samplers}
+    reused = dict(spec.split("=", 1) for spec in args.reuse)
+    runs = {
+        sampler: json.loads(Path(reused[sampler]).read_text().strip().splitlines()[-1])
+        if sampler in reused
+        else _run_child(model_name, sampler, counts[sampler], args)
+        for sampler in samplers
+    }
     reference = runs["exact" if exact_reference else "reference" if long_reference else "nutpie"]
     nutpie = runs["nutpie"]
     summaries = []
     for sampler, run in runs.items():
         summary = {k: v for k, v in run.items() if k not in ("mean", "sd", "free")}
+        if sampler in reused:
+            summary["reused_from"] = "an earlier process of this benchmark (--reuse)"
+        # The means and sds of the variables of at most 10 entries (the gallery compares them).
+        for moment in ("mean", "sd"):
+            if moment in run:
+                summary[f"small_{moment}"] = {
+                    name: values for name, values in run[moment].items() if len(values) <= 10
+                }
         if "error" not in run and "error" not in nutpie:
             summary["ratio_to_nutpie"] = run["min_ess_per_second"] / nutpie["min_ess_per_second"]
         if (
@@ -447,6 +465,13 @@ def main() -> None:
         choices=[s for s in SAMPLERS if s not in ("nutpie", "reference", "exact")],
         default=[s for s in SAMPLERS if s not in ("nutpie", "reference", "exact")],
         help="our samplers to run beside nutpie (and the reference run)",
+    )
+    parser.add_argument(
+        "--reuse",
+        nargs="*",
+        default=[],
+        metavar="SAMPLER=FILE",
+        help="take a sampler's run from FILE (the JSON line a --child run printed)",
     )
     parser.add_argument("--timeout", type=float, default=CHILD_TIMEOUT_S, help="s per run")
     parser.add_argument("--child", nargs=2, metavar=("MODEL", "SAMPLER"), help=argparse.SUPPRESS)
