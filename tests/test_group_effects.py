@@ -25,6 +25,8 @@ fails these tests (checked when they were written).
 
 from __future__ import annotations
 
+import warnings
+
 import arviz as az
 import numpy as np
 import pymc as pm
@@ -407,3 +409,21 @@ def test_groups_read_whole_warn_that_full_data_is_faster():
             )  # fmt: skip
     said = [w for w in caught if "full-data NUTS" in str(w.message)]
     assert len(said) == 1 and "100%" in str(said[0].message)
+
+
+def test_error_tolerance_zero_reads_every_group_whole_without_stages():
+    """Exact Metropolis-within-Gibbs: each group read once, whole, and no cost warning."""
+    group, y = _poisson_groups()
+    with pm.Model(coords={"group": range(len(SIZES))}):
+        index = pm.Data("g", group)
+        a = pm.Normal("a", 0.5, 1.0, dims="group")
+        pm.Poisson("y", pm.math.exp(a[index]), observed=y)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", pms.SubsampleWarning)
+            idata = pm.sample(
+                tune=5, draws=20, chains=1, step=GroupEffectsMH(error_tolerance=0.0),
+                progressbar=False, random_seed=3, compute_convergence_checks=False,
+            )  # fmt: skip
+    stats_ = idata.sample_stats
+    assert np.all(stats_["n_data"].values == y.size)  # every row once: no stage read before
+    assert np.all(stats_["n_full_groups"].values == len(SIZES))
