@@ -307,27 +307,19 @@ def test_centred_recipe_matches_nuts_radon():
     assert ess.min() > 20, ess
 
 
-def test_tall_non_centred_defaults_match_nuts():
+@pytest.mark.parametrize("group_effects", ["auto", False])
+def test_tall_non_centred_defaults_match_nuts(group_effects):
     # The default step on 10 groups x 2,000 rows, non-centred, takes the group route
-    # (GroupEffectsMH with the t-test): a small share of the rows per draw, and the posterior
-    # matches the cached NUTS run within the tolerances above.
+    # (GroupEffectsMH with the t-test); the one-block step (group_effects=False) expands its
+    # control variate in the likelihood's parameters (it read 98% of the rows without one).
+    # Both read a small share of the rows per draw, and the posterior matches the cached NUTS
+    # run within the tolerances above.
     with radon.radon_model(False, **radon.TALL) as model:
-        step = pms.AusterityMH()
-        assert isinstance(step, pms.GroupEffectsMH)
-        idata = _sample(step, draws=1500, tune=1000)
-    ess = _ess(idata)
-    _assert_matches_nuts("tall_non_centred", radon.summarise(idata.posterior), ess)
-    assert ess.min() > 100, ess
-    assert float(idata.sample_stats["n_data"].mean()) < 0.05 * radon.TALL["n_rows"]
-    del model
-
-
-def test_tall_non_centred_in_one_block_matches_nuts():
-    # The one-block step on the same model: its control variate in the likelihood's
-    # parameters reads a small share of the rows per draw (it read 98% without one).
-    with radon.radon_model(False, **radon.TALL) as model:
-        step = pms.AusterityMH(group_effects=False)
-        assert step.oracles.expansion == "likelihood"
+        step = pms.AusterityMH(group_effects=group_effects)
+        if group_effects == "auto":
+            assert isinstance(step, pms.GroupEffectsMH)
+        else:
+            assert step.oracles.expansion == "likelihood"
         idata = _sample(step, draws=1500, tune=1000)
     ess = _ess(idata)
     _assert_matches_nuts("tall_non_centred", radon.summarise(idata.posterior), ess)

@@ -40,12 +40,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from pymc_subsample.kernels.group_tests import (
-    T_TEST,
-    GroupTest,
-    exact_decisions,
-    staged_decisions,
-)
+from pymc_subsample.kernels.group_tests import GroupTest, exact_decisions, staged_decisions
 
 __all__ = [
     "GroupParts",
@@ -290,8 +285,6 @@ def group_effects_sweep(
 
     sampled = np.flatnonzero(live & ~rows.whole)
     unsure = np.zeros(0, np.int64)
-    if sampled.size and test.kind == T_TEST and test.error_tolerance == 0.0:
-        unsure, sampled = sampled, sampled[:0]  # exact: every group on all its rows, no stages
     if sampled.size:
         known = np.full(n_groups, np.nan)
         known[sampled] = rest[sampled] + quadratic.change(

@@ -64,6 +64,11 @@ class GroupTest(NamedTuple):
     #: The Barker test's correction distribution (its sigma, eq. 14); None for the t-test.
     correction: CorrectionDistribution | None = None
 
+    @property
+    def exact(self) -> bool:
+        """Whether no sampled decision is allowed (the t-test at ``error_tolerance=0``)."""
+        return self.kind == T_TEST and self.error_tolerance == 0.0
+
 
 class StageEstimate(NamedTuple):
     """One stage's estimates for the groups still undecided (arrays over those groups)."""
@@ -140,6 +145,8 @@ def staged_decisions(
     """
     n_groups = sizes.size
     accept = np.zeros(n_groups, bool)
+    if test.exact:  # every group is read whole: no stage would be sure
+        return accept, groups, 0
     shift = np.zeros(n_groups)
     total = np.zeros(n_groups)
     squares = np.zeros(n_groups)

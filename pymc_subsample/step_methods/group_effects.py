@@ -617,8 +617,7 @@ class GroupEffectsMH(SubsampleStepBase):
         if self.functions.direct_coordinates.size:
             q, shared = self._move_shared(q)
             totals["n_data"] += shared.shared_n_data
-        exact = self.test.kind == T_TEST and self.error_tolerance == 0.0
-        if not self.tune and not exact:  # exact decisions read every row, as asked
+        if not self.tune and not self.test.exact:  # exact decisions read every row, as asked
             self._check_cost(totals["n_data"])
         n_groups = sum(factor.n_groups for factor in self.factors)
         stats: dict[str, Any] = {
