@@ -50,6 +50,7 @@ PARTS = frozenset(
         "diagnostics",
         "fused_path",
         "group_expansion",
+        "group_moves",
         "progress",
         "proposal_parts",
         "sgfs_checks",

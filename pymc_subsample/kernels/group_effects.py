@@ -54,6 +54,7 @@ __all__ = [
     "draw_proposal",
     "newton_gaussian",
     "proposal_log_density",
+    "symmetric_eigen",
 ]
 
 #: Degrees of freedom of the proposal's Student-t: its tails are heavier than a GLM
@@ -89,10 +90,9 @@ class GroupQuadratic(NamedTuple):
         """Return the expansion's difference between cells ``new`` and ``old`` of ``groups``."""
         reference, hessian = self.reference_cells[groups], self.hessian[groups]
         a, b = old - reference, new - reference
-        quadratic = np.einsum("gi,gij,gj->g", b, hessian, b) - np.einsum(
-            "gi,gij,gj->g", a, hessian, a
-        )
-        return np.einsum("gi,gi->g", self.gradient[groups], new - old) + 0.5 * quadratic
+        # b'Hb - a'Ha = (b - a)' H (b + a), H symmetric.
+        moved = np.matmul(hessian, (b + a)[:, :, None])[:, :, 0]
+        return ((new - old) * (self.gradient[groups] + 0.5 * moved)).sum(axis=1)
 
 
 class GroupRows(NamedTuple):
@@ -151,11 +151,37 @@ def newton_gaussian(
     with np.errstate(invalid="ignore"):
         finite = np.isfinite(hessian).all(axis=(1, 2)) & np.isfinite(gradient).all(axis=1)
         safe = np.where(finite[:, None, None], -hessian, np.eye(hessian.shape[1]))
-        values, vectors = np.linalg.eigh(0.5 * (safe + np.swapaxes(safe, 1, 2)))
+        values, vectors = symmetric_eigen(0.5 * (safe + np.swapaxes(safe, 1, 2)))
         values = np.maximum(np.abs(values), PRECISION_FLOOR)
-        step = np.einsum("gkl,gl->gk", vectors, np.einsum("glk,gl->gk", vectors, gradient) / values)
+        rotated = np.matmul(gradient[:, None, :], vectors)[:, 0, :] / values
+        step = np.matmul(vectors, rotated[:, :, None])[:, :, 0]
     mean = np.where(finite[:, None], x + step, np.nan)
     return mean, vectors, values
+
+
+def symmetric_eigen(matrices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Eigenvalues and eigenvectors (as columns) of a stack of symmetric ``(G, k, k)`` matrices.
+
+    ``np.linalg.eigh`` calls LAPACK once per matrix (about 1.4 us each, 140 us a sweep for
+    100 groups); the commonest factors have one or two effects per group (a varying intercept,
+    and a slope), whose decompositions are closed-form: a 2 x 2 matrix ``[[a, b], [b, c]]`` is
+    diagonalised by the rotation through ``theta = atan2(2 b, a - c) / 2``.
+    """
+    k = matrices.shape[-1]
+    if k == 1:
+        return matrices[:, :, 0].copy(), np.ones_like(matrices)
+    if k != 2:
+        values, vectors = np.linalg.eigh(matrices)
+        return values, vectors
+    a, b, c = matrices[:, 0, 0], matrices[:, 0, 1], matrices[:, 1, 1]
+    theta = 0.5 * np.arctan2(2.0 * b, a - c)
+    cos, sin = np.cos(theta), np.sin(theta)
+    cross = 2.0 * b * cos * sin
+    values = np.stack(
+        [a * cos * cos + cross + c * sin * sin, a * sin * sin - cross + c * cos * cos], axis=1
+    )
+    vectors = np.stack([np.stack([cos, -sin], axis=1), np.stack([sin, cos], axis=1)], axis=1)
+    return values, vectors
 
 
 def draw_proposal(
@@ -166,7 +192,7 @@ def draw_proposal(
     noise = rng.standard_normal(mean.shape) * np.sqrt(
         PROPOSAL_DF / rng.chisquare(PROPOSAL_DF, size=(n_groups, 1))
     )
-    return mean + np.einsum("gkl,gl->gk", vectors, noise / np.sqrt(values))
+    return mean + np.matmul(vectors, (noise / np.sqrt(values))[:, :, None])[:, :, 0]
 
 
 def proposal_log_density(
@@ -175,8 +201,8 @@ def proposal_log_density(
     """Return each group's proposal log-density at ``y``, up to a constant of ``k`` alone."""
     # Multivariate t with PROPOSAL_DF degrees of freedom, location mean and scale matrix
     # (V diag(values) V^T)^-1, per group, up to a constant that depends only on k.
-    z = np.einsum("gkl,gk->gl", vectors, y - mean)
-    distance = np.einsum("gl,gl->g", values, z * z)
+    z = np.matmul((y - mean)[:, None, :], vectors)[:, 0, :]
+    distance = (values * z * z).sum(axis=1)
     k = y.shape[1]
     return -0.5 * (PROPOSAL_DF + k) * np.log1p(distance / PROPOSAL_DF) + 0.5 * np.log(values).sum(
         axis=1
@@ -186,11 +212,10 @@ def proposal_log_density(
 def model_derivatives(parts: GroupParts, quadratic: GroupQuadratic) -> tuple[Any, Any]:
     """Return the quadratic model's gradient and Hessian in each group's effects (module doc)."""
     delta = parts.cells - quadratic.reference_cells
-    cell_gradient = quadratic.gradient + np.einsum("gij,gj->gi", quadratic.hessian, delta)
-    gradient = parts.gradient + np.einsum("gck,gc->gk", parts.jacobian, cell_gradient)
-    hessian = parts.hessian + np.einsum(
-        "gck,gcd,gdl->gkl", parts.jacobian, quadratic.hessian, parts.jacobian
-    )
+    cell_gradient = quadratic.gradient + np.matmul(quadratic.hessian, delta[:, :, None])[:, :, 0]
+    transposed = np.swapaxes(parts.jacobian, 1, 2)
+    gradient = parts.gradient + np.matmul(transposed, cell_gradient[:, :, None])[:, :, 0]
+    hessian = parts.hessian + np.matmul(transposed, np.matmul(quadratic.hessian, parts.jacobian))
     return gradient, hessian
 
 

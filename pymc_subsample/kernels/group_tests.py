@@ -52,6 +52,8 @@ BARKER = "barker"
 #: move), and a t-test on them decided wrongly and confidently often enough to hold chains in
 #: a group's tail, so such a group is read whole instead.
 ESTIMATE_SD = 0.2
+#: Each stage after the first reads this many times the rows the group has read so far.
+STAGE_GROWTH = 2
 
 
 class GroupTest(NamedTuple):
@@ -175,7 +177,7 @@ def staged_decisions(
         confident &= finite & (size * estimate.error <= ESTIMATE_SD)
         sure = active[confident]
         accept[sure] = accepted[confident]
-        draw = 2 * draw
+        draw = STAGE_GROWTH * draw
         left = active[~confident]
         whole = ~finite[~confident] | (sizes[left] <= count[left] + draw)
         unsure.append(left[whole])

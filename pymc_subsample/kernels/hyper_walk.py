@@ -82,17 +82,21 @@ class HyperWalk:
         current = log_target(h)
         accepted = 0
         scale = math.exp(self.log_scale)
-        for _ in range(MOVES):
-            proposal = h + scale * (self.factor @ rng.standard_normal(self.size))
-            with np.errstate(all="ignore"):
+        # Every move's increment and uniform drawn at once (the increments do not depend on
+        # the chain's path; the scale changes only between calls).
+        increments = scale * (rng.standard_normal((MOVES, self.size)) @ self.factor.T)
+        uniforms = rng.uniform(size=MOVES)
+        with np.errstate(all="ignore"):
+            for increment, uniform in zip(increments, uniforms, strict=True):
+                proposal = h + increment
                 candidate = log_target(proposal)
                 log_ratio = candidate - current
-            acceptance = math.exp(min(log_ratio, 0.0)) if math.isfinite(log_ratio) else 0.0
-            if rng.uniform() < acceptance:
-                h, current = proposal, candidate
-                accepted += 1
-            if tune:
-                self._adapt_scale(acceptance)
+                acceptance = math.exp(min(log_ratio, 0.0)) if math.isfinite(log_ratio) else 0.0
+                if uniform < acceptance:
+                    h, current = proposal, candidate
+                    accepted += 1
+                if tune:
+                    self._adapt_scale(acceptance)
         if tune:
             self._adapt_covariance(h)
         return h, HyperWalkInfo(accepted / MOVES, scale)

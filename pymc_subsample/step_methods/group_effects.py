@@ -14,29 +14,23 @@ from pymc.step_methods.state import dataclass_state
 from pymc.util import RandomGenerator
 from pytensor.tensor.variable import TensorVariable
 
-from pymc_subsample.kernels.austerity import AusterityDecision
-from pymc_subsample.kernels.barker import BarkerDecision
 from pymc_subsample.kernels.group_effects import (
     GroupParts,
     GroupRows,
     GroupSweepInfo,
     SharedMoveInfo,
-    draw_proposal,
     group_effects_sweep,
     group_rows,
     model_derivatives,
     newton_gaussian,
-    proposal_log_density,
 )
 from pymc_subsample.kernels.group_tests import BARKER, T_TEST, GroupTest
 from pymc_subsample.kernels.hyper_walk import HyperWalk, HyperWalkInfo
 from pymc_subsample.kernels.stratified import (
     Strata,
     build_strata,
-    stratified_barker_test,
-    stratified_mh_test,
 )
-from pymc_subsample.model.group_effects import GroupEffectFunctions, GroupFactor
+from pymc_subsample.model.group_effects import GroupEffectFunctions
 from pymc_subsample.model.row_data import row_chunks
 from pymc_subsample.step_methods.acceptance_tests import StatSpec
 from pymc_subsample.step_methods.acceptance_tests.barker import BarkerTest
@@ -44,6 +38,7 @@ from pymc_subsample.step_methods.acceptance_tests.sequential_t import _check_err
 from pymc_subsample.step_methods.arguments import check_choice, check_int
 from pymc_subsample.step_methods.diagnostics import RowCost
 from pymc_subsample.step_methods.group_expansion import PASS_ROWS, GroupExpansion
+from pymc_subsample.step_methods.group_moves import GroupMoves
 from pymc_subsample.step_methods.step_base import SubsampleStepBase
 from pymc_subsample.step_methods.stratification import WHOLE_GROUP_ROWS
 from pymc_subsample.warnings import warn_user
@@ -91,7 +86,7 @@ class GroupEffectsState(StepMethodState):
     tune: bool
 
 
-class GroupEffectsMH(SubsampleStepBase):
+class GroupEffectsMH(GroupMoves, SubsampleStepBase):
     r"""Sample a hierarchical model by its structure: one test per group, on its own rows.
 
     In a hierarchical model the group effects (``a`` in ``a = pm.Normal("a", mu, sd,
@@ -292,11 +287,6 @@ class GroupEffectsMH(SubsampleStepBase):
             topic="GroupEffectsMH.cost",
         )
 
-    @property
-    def factors(self) -> tuple[GroupFactor, ...]:
-        """The grouping factors whose effects the step updates."""
-        return self.functions.factors
-
     def _layouts(self) -> list[GroupRows]:
         """Each factor's rows by group, from one pass over the rows' group indices."""
         pieces: list[list[np.ndarray]] = [[] for _ in self.factors]
@@ -385,192 +375,6 @@ class GroupEffectsMH(SubsampleStepBase):
         usable = np.isfinite(step).all(axis=1)
         point[coordinates[usable]] = x[usable] + step[usable]
         return float(np.max((np.abs(step) * np.sqrt(values))[usable], initial=0.0))
-
-    def _move_ridges(self, q: np.ndarray) -> np.ndarray:
-        """Exact moves along each ridge: a shared coefficient up, a factor's cells down.
-
-        Where the rows read a shared coefficient ``v_d`` and a factor's cell entry ``c_j`` only
-        through ``v_d + c_j`` (an intercept and random intercepts), moving ``v_d`` by ``delta``
-        and every group's ``c_j`` by ``-delta`` leaves every row unchanged, so the move's
-        acceptance is the prior's ratio alone; the blocked updates cross that ridge only by
-        steps of the conditional sds. The effects follow the cells through the factor's
-        Jacobian (a translation, volume-preserving); a move whose cells do not follow exactly
-        (a table not affine in the effects) is rejected.
-        """
-        for (d, f, j), walk in zip(self.expansion.ridges, self._ridge_walks, strict=True):
-            q = self._ridge_move(q, d, f, j, walk)
-        return q
-
-    def _ridge_move(self, q: np.ndarray, d: int, f: int, j: int, walk: HyperWalk) -> np.ndarray:
-        """One ridge's random-walk moves (``_move_ridges``)."""
-        coordinates = self.factors[f].coordinates
-        shared = self.functions.direct_coordinates[d]
-        parts = self.expansion.parts(f, q)
-        unit = np.zeros(parts.cells.shape[1])
-        unit[j] = 1.0
-        try:
-            direction = np.linalg.solve(
-                parts.jacobian, np.broadcast_to(unit, parts.cells.shape)[..., None]
-            )[..., 0]
-        except np.linalg.LinAlgError:
-            return q
-
-        def moved(delta: np.ndarray) -> np.ndarray:
-            point = q.copy()
-            point[shared] += float(delta[0])
-            point[coordinates] = q[coordinates] - float(delta[0]) * direction
-            return point
-
-        def log_target(delta: np.ndarray) -> float:
-            point = moved(delta)
-            expected = parts.cells.copy()
-            expected[:, j] -= float(delta[0])
-            if not np.allclose(
-                self.expansion.parts(f, point).cells, expected, rtol=1e-9, atol=1e-9
-            ):
-                return -np.inf
-            return self.oracles.log_prior(point)
-
-        delta, _ = walk(self.rng, np.zeros(1), log_target, self.tune)
-        return moved(delta)
-
-    def _row_terms(
-        self,
-        f: int | None,
-        q: np.ndarray,
-        q_new: np.ndarray,
-        old: GroupParts,
-        new: GroupParts,
-        rows: np.ndarray,
-        residual: bool,
-    ) -> np.ndarray:
-        """Return the rows' log-likelihood differences, or with ``residual`` their residuals.
-
-        ``f`` is the factor whose effects moved, or None for a move of the shared coefficients.
-        """
-        arrays = self.oracles.rows_at(rows)
-        with np.errstate(invalid="ignore", over="ignore"):
-            if not residual:
-                return np.asarray(
-                    self.functions.change(q, q_new, *old.tables, *new.tables, *arrays)
-                )
-            return np.asarray(
-                self.functions.residual(
-                    q,
-                    q_new,
-                    self.expansion.reference_q,
-                    *old.tables,
-                    *new.tables,
-                    *self.expansion.reference_tables,
-                    *arrays,
-                )
-            )
-
-    def _move_shared(self, q: np.ndarray) -> tuple[np.ndarray, SharedMoveInfo]:
-        """One Metropolis-Hastings move of the shared coefficients, the groups held.
-
-        A Student-t Newton proposal on the quadratic model (``_shared_model``), decided on
-        every row's residual by the stratified test of ``kernels/stratified.py`` (the first
-        factor's groups by size class as strata), exact on every row where it is not.
-        """
-        direct = self.functions.direct_coordinates
-        x = q[direct][None, :]
-        mean, vectors, values = newton_gaussian(
-            x, *(a[None] for a in self.expansion.shared_model(q))
-        )
-        x_new = draw_proposal(self.rng, mean, vectors, values)
-        if not np.all(np.isfinite(x_new)):
-            return q, SharedMoveInfo(0, False, False)
-        q_new = q.copy()
-        q_new[direct] = x_new[0]
-        back = newton_gaussian(x_new, *(a[None] for a in self.expansion.shared_model(q_new)))
-        with np.errstate(invalid="ignore", over="ignore"):
-            rest = (
-                self.oracles.log_prior(q_new)
-                - self.oracles.log_prior(q)
-                + float(proposal_log_density(x, *back)[0])
-                - float(proposal_log_density(x_new, mean, vectors, values)[0])
-            )
-        if not np.isfinite(rest):
-            return q, SharedMoveInfo(0, False, False)
-        gradient, hessian = self.expansion.shared
-        old = q[direct] - self.expansion.reference_q[direct]
-        new = q_new[direct] - self.expansion.reference_q[direct]
-        known = float(gradient @ (new - old) + 0.5 * (new @ hessian @ new - old @ hessian @ old))
-        for f, quadratic in enumerate(self.expansion.quadratics or []):
-            moved = self.expansion.parts(f, q).cells - quadratic.reference_cells
-            known += float(np.einsum("gcd,gc->d", self.expansion.crosses[f], moved) @ (new - old))
-        assert self.strata is not None
-        parts = self.expansion.parts(0, q)
-
-        # The rows' residuals sum with the known part to the exact change, so the residuals
-        # are the test's values and the known part joins the prior and proposal ratio.
-        def residuals(rows: np.ndarray) -> np.ndarray:
-            return self._row_terms(None, q, q_new, parts, parts, rows, True)
-
-        decision: AusterityDecision | BarkerDecision
-        if self.test.correction is None:
-            decision = stratified_mh_test(
-                self.rng,
-                residuals,
-                self.strata,
-                rest + known,
-                self.error_tolerance,
-                self.batch_size,
-            )
-        else:
-            decision = stratified_barker_test(
-                self.rng,
-                residuals,
-                self.strata,
-                rest + known,
-                self.batch_size,
-                1.0,
-                self.test.correction,
-            )
-        accepted = decision.accepted and not decision.nonfinite_proposal
-        info = SharedMoveInfo(decision.n_data, accepted, decision.full_data)
-        return (q_new if accepted else q), info
-
-    def _move_hyperparameters(self, q: np.ndarray) -> tuple[np.ndarray, HyperWalkInfo]:
-        """Exact moves of the coordinates no row reads directly, the groups' cells held fixed.
-
-        ``kernels/hyper_walk.py``: where a factor's cells read them (``c = A(h) + B(h) x``,
-        a non-centred hierarchy), the effects follow, ``x = B(h)^-1 (c - A(h))``, and the
-        target gains ``-log |det B(h)|`` per group.
-        """
-        assert self.hyperparameters is not None
-        free = self.functions.free_coordinates
-        held = {
-            f: self.expansion.parts(f, q).cells
-            for f, factor in enumerate(self.factors)
-            if factor.reads_hyperparameters
-        }
-
-        def point_at(h: np.ndarray) -> tuple[np.ndarray, float]:
-            point = q.copy()
-            point[free] = h
-            log_jacobian = 0.0
-            for f, cells in held.items():
-                coordinates = self.factors[f].coordinates
-                point[coordinates] = 0.0
-                parts = self.expansion.parts(f, point)
-                sign, log_det = np.linalg.slogdet(parts.jacobian)
-                if not np.all(sign != 0) or not np.all(np.isfinite(log_det)):
-                    return point, np.inf
-                offset = (cells - parts.cells)[..., None]
-                point[coordinates] = np.linalg.solve(parts.jacobian, offset)[..., 0]
-                log_jacobian += float(log_det.sum())
-            return point, log_jacobian
-
-        def log_target(h: np.ndarray) -> float:
-            point, log_jacobian = point_at(h)
-            if not np.isfinite(log_jacobian):
-                return -np.inf
-            return self.oracles.log_prior(point) - log_jacobian
-
-        h, info = self.hyperparameters(self.rng, q[free], log_target, self.tune)
-        return point_at(h)[0], info
 
     def astep(self, q0: RaveledVars) -> tuple[RaveledVars, list[dict[str, Any]]]:
         """One sweep: every group of every factor proposed and tested once."""
