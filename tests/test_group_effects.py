@@ -427,3 +427,27 @@ def test_error_tolerance_zero_reads_every_group_whole_without_stages():
     stats_ = idata.sample_stats
     assert np.all(stats_["n_data"].values == y.size)  # every row once: no stage read before
     assert np.all(stats_["n_full_groups"].values == len(SIZES))
+
+
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_symmetric_eigen_reconstructs_every_matrix(k):
+    """The closed-form decompositions (k = 1, 2) and LAPACK's (k = 3) give V diag(w) V^T = A.
+
+    Deterministic: random symmetric matrices, diagonal ones (theta = 0) and a multiple of the
+    identity (a repeated eigenvalue, any rotation) to rounding error; a wrong angle or a
+    swapped sign in the 2 x 2 rotation fails by O(1).
+    """
+    from pymc_subsample.kernels.group_effects import symmetric_eigen
+
+    rng = np.random.default_rng(0)
+    matrices = rng.normal(size=(200, k, k))
+    matrices = matrices + np.swapaxes(matrices, 1, 2)
+    matrices[:3] = np.diag(np.arange(1.0, k + 1.0))
+    matrices[3] = 2.0 * np.eye(k)
+    values, vectors = symmetric_eigen(matrices)
+    rebuilt = np.einsum("gij,gj,gkj->gik", vectors, values, vectors)
+    np.testing.assert_allclose(rebuilt, matrices, atol=1e-12)
+    orthogonality = np.einsum("gji,gjk->gik", vectors, vectors)
+    np.testing.assert_allclose(
+        orthogonality, np.broadcast_to(np.eye(k), orthogonality.shape), atol=1e-12
+    )
