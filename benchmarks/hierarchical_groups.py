@@ -402,7 +402,12 @@ def run_model(model_name: str, args: argparse.Namespace) -> tuple[dict[str, Any]
     settings = {
         "groups": list(groups),
         "rows": rows,
-        "tune_draws": {sampler: list(counts[sampler]) for sampler in samplers},
+        "tune_draws": {
+            sampler: [runs[sampler]["tune"], runs[sampler]["draws"]]
+            if sampler in reused
+            else list(counts[sampler])
+            for sampler in samplers
+        },
         "reference": (
             "the exact group step, pms.GroupEffectsMH(error_tolerance=0.0), every decision on "
             "all the rows it concerns (sampler 'exact', another seed): Metropolis-within-Gibbs "
