@@ -53,7 +53,7 @@ def sgld_chain(
     rows drawn with replacement. Returns the ``steps`` draws after ``burn_in`` and, for each,
     the seconds since the call started plus ``clock_offset`` (compilation included).
     """
-    from pymc_subsample.model.oracles import build_oracles
+    from pymc_subsample.model.oracle_builder import build_oracles
 
     start_time = time.perf_counter() - clock_offset
     oracles = build_oracles(

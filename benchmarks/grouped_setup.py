@@ -32,7 +32,7 @@ from common import nuts_setup, write_json
 
 import pymc_subsample as pms
 from pymc_subsample.model.functions import initial_q
-from pymc_subsample.model.oracles import build_oracles
+from pymc_subsample.model.oracle_builder import build_oracles
 
 GRID = ("200:100000", "1000:100000", "1000:1000000")
 

@@ -22,7 +22,8 @@ from pymc.util import RandomGenerator, get_random_generator, get_value_vars_from
 from pytensor.graph.traversal import ancestors
 from pytensor.tensor.variable import TensorVariable
 
-from pymc_subsample.model.oracles import ModelOracles, build_oracles
+from pymc_subsample.model.oracle_builder import build_oracles
+from pymc_subsample.model.oracles import ModelOracles
 from pymc_subsample.reference_search import Optimum, optimise_reference, search_tol
 from pymc_subsample.warnings import warn_user
 

@@ -38,7 +38,8 @@ from pymc_subsample.kernels.optimizer import (
 )
 from pymc_subsample.kernels.row_sampler import SparseRowSampler
 from pymc_subsample.laplace_check import LAPLACE_SPREAD, laplace_log_weight_sd, not_gaussian
-from pymc_subsample.model.oracles import ModelOracles, SearchSums
+from pymc_subsample.model.oracle_sums import SearchSums
+from pymc_subsample.model.oracles import ModelOracles
 from pymc_subsample.model.parallel_pass import PARALLEL_ROWS
 from pymc_subsample.model.row_data import Rows, row_chunks, row_count
 

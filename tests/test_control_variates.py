@@ -26,7 +26,7 @@ from scipy.special import log_expit
 from scipy.stats import kstest
 
 import pymc_subsample as pms
-from pymc_subsample.model.oracles import build_oracles
+from pymc_subsample.model.oracle_builder import build_oracles
 from pymc_subsample.step_methods.diagnostics import ChainDiagnostics
 
 SAMPLE = {"progressbar": False, "compute_convergence_checks": False}

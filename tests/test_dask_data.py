@@ -25,7 +25,7 @@ from conftest import example_module, linear_regression_data, linear_regression_p
 import pymc_subsample as pms
 import pymc_subsample.model.dask_rows as dask_rows_module
 from pymc_subsample.kernels.row_sampler import RowSampler
-from pymc_subsample.model.oracles import build_oracles
+from pymc_subsample.model.oracle_builder import build_oracles
 
 da = pytest.importorskip("dask.array")
 

@@ -19,7 +19,8 @@ from pymc.model.transform.optimization import freeze_dims_and_data
 from pytensor.compile.mode import Mode
 
 from pymc_subsample.model.compiled import LazyFunction
-from pymc_subsample.model.oracles import ModelOracles, build_oracles
+from pymc_subsample.model.oracle_builder import build_oracles
+from pymc_subsample.model.oracles import ModelOracles
 
 N_ROWS, N_FEATURES = 300, 3
 NAMES = ("alpha", "beta")

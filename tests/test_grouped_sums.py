@@ -19,7 +19,7 @@ import pymc as pm
 import pytest
 
 import pymc_subsample as pms
-from pymc_subsample.model.oracles import build_oracles
+from pymc_subsample.model.oracle_builder import build_oracles
 
 N_ROWS = 900
 

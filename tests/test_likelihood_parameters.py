@@ -13,7 +13,7 @@ import pymc as pm
 import pytest
 
 from pymc_subsample.kernels.control_variates import TaylorProxy
-from pymc_subsample.model.oracles import build_oracles
+from pymc_subsample.model.oracle_builder import build_oracles
 
 N_GROUPS, N_ROWS = 6, 600
 

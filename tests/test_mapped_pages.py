@@ -22,12 +22,13 @@ from conftest import example_module
 
 import pymc_subsample as pms
 import pymc_subsample.model.mapped_pages as mapped_pages
+import pymc_subsample.model.oracle_builder as oracle_builder
 import pymc_subsample.model.oracles as oracles_module
 import pymc_subsample.model.parallel_pass as parallel_pass
 import pymc_subsample.reference_search as reference_search
 from pymc_subsample.kernels.row_sampler import RowSampler
 from pymc_subsample.model.mapped_pages import mapped_rows
-from pymc_subsample.model.oracles import build_oracles
+from pymc_subsample.model.oracle_builder import build_oracles
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="reads /proc/self/smaps")
 
@@ -72,7 +73,7 @@ def _resident_kib(path: Path) -> int:
 @pytest.fixture
 def low_thresholds(monkeypatch: pytest.MonkeyPatch) -> None:
     """Passes stream from 1,000 rows in blocks of 64 KiB of rows; releases every 512 KiB."""
-    for module in (parallel_pass, oracles_module, reference_search):
+    for module in (parallel_pass, oracles_module, oracle_builder, reference_search):
         monkeypatch.setattr(module, "PARALLEL_ROWS", 1_000)
     monkeypatch.setattr(mapped_pages, "STREAM_BLOCK_BYTES", 1 << 16)
     monkeypatch.setattr(mapped_pages, "RELEASE_BYTES", 1 << 19)

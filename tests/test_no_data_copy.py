@@ -22,7 +22,7 @@ import pymc_subsample as pms
 import pymc_subsample.model.oracles as oracles_module
 import pymc_subsample.model.self_check as self_check_module
 from pymc_subsample.kernels.row_sampler import RowSampler, SparseRowSampler
-from pymc_subsample.model.oracles import build_oracles
+from pymc_subsample.model.oracle_builder import build_oracles
 from pymc_subsample.reference_search import _CHUNK, _rest_sums
 
 #: 1e6 rows x 10 float32 columns: 40 MB, a copy of which (80 MB once upcast) the test sees at

@@ -13,10 +13,11 @@ import numpy as np
 import pymc as pm
 import pytest
 
+import pymc_subsample.model.oracle_builder as oracle_builder
 import pymc_subsample.model.oracles as oracles_module
 import pymc_subsample.model.parallel_pass as parallel_pass
 import pymc_subsample.reference_search as reference_search
-from pymc_subsample.model.oracles import build_oracles
+from pymc_subsample.model.oracle_builder import build_oracles
 from pymc_subsample.model.row_data import row_chunks
 from pymc_subsample.reference_search import optimise_reference
 
@@ -43,6 +44,7 @@ def _oracles(model: pm.Model):
 def low_threshold(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(parallel_pass, "PARALLEL_ROWS", 1_000)
     monkeypatch.setattr(oracles_module, "PARALLEL_ROWS", 1_000)
+    monkeypatch.setattr(oracle_builder, "PARALLEL_ROWS", 1_000)
     monkeypatch.setattr(reference_search, "PARALLEL_ROWS", 1_000)
 
 
@@ -110,7 +112,7 @@ def test_the_search_finds_the_same_mode_threaded(
     oracles = _oracles(_logistic())
     q0 = np.zeros(N_FEATURES)
     threaded = optimise_reference(oracles, q0, rng=np.random.default_rng(3), tol=1e-12)
-    for module in (parallel_pass, oracles_module, reference_search):
+    for module in (parallel_pass, oracles_module, oracle_builder, reference_search):
         monkeypatch.setattr(module, "PARALLEL_ROWS", 10 * N_ROWS)
     serial = optimise_reference(oracles, q0, rng=np.random.default_rng(3), tol=1e-12)
     assert threaded.converged and serial.converged

@@ -8,60 +8,29 @@ each step (``make_shared_replacements``).
 
 from __future__ import annotations
 
-import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any, NamedTuple, cast
+from typing import Any
 
 import numpy as np
-import pytensor
-from pymc.model import Model
-from pymc.vartypes import discrete_types
 from pytensor.graph.basic import Variable
-from pytensor.tensor.variable import TensorVariable
 
-from pymc_subsample.model.checks import check_continuous
-from pymc_subsample.model.compiled import LazyFunction, NumbaKernel, collection_paused
-from pymc_subsample.model.functions import ModelFunctions, initial_q, model_functions
+from pymc_subsample.model.compiled import LazyFunction, NumbaKernel
+from pymc_subsample.model.functions import ModelFunctions
 from pymc_subsample.model.group_effects import GroupEffectFunctions
-from pymc_subsample.model.identification import warn_if_unidentified
 from pymc_subsample.model.likelihood_space import LikelihoodSpace
 from pymc_subsample.model.mapped_pages import MappedRows, gather_from_maps
+from pymc_subsample.model.oracle_sums import RowSums
 from pymc_subsample.model.parallel_pass import PARALLEL_ROWS, PASS_CHUNK, summed_over_ranges
 from pymc_subsample.model.row_data import DataTracker, Rows, data_value, row_chunks, row_count
 from pymc_subsample.model.rows import RowLayout
-from pymc_subsample.model.self_check import check_rows_finite, self_check
+from pymc_subsample.model.self_check import check_rows_finite
 
-__all__ = [
-    "ModelOracles",
-    "SearchSums",
-    "build_oracles",
-]
-
-
-class SearchSums(NamedTuple):
-    """What one pass of the reference search reads from a set of rows at a point ``q``.
-
-    Attributes
-    ----------
-    loglik : float
-        ``sum_i loglik_i(q)``.
-    gradient : ndarray
-        ``sum_i s_i``, the rows' summed gradient (scores ``s_i = d loglik_i / dq``).
-    outer : ndarray
-        ``sum_i s_i s_i^T`` (d x d): the scores' spread, for the direction test.
-    hessian : ndarray or None
-        ``sum_i d^2 loglik_i / dq^2`` (d x d); None when not asked for.
-    """
-
-    loglik: float
-    gradient: np.ndarray
-    outer: np.ndarray
-    hessian: np.ndarray | None
+__all__ = ["ModelOracles"]
 
 
 @dataclass(frozen=True)
-class ModelOracles:
+class ModelOracles(RowSums):
     """Compiled functions of the raveled unconstrained parameter vector ``q``.
 
     Attributes
@@ -283,8 +252,8 @@ class ModelOracles:
     def ensure_rows_finite(self) -> None:
         """Check, if not done yet, that every row's log-likelihood is finite at the start.
 
-        On data from ``PARALLEL_ROWS`` rows, :func:`build_oracles` leaves this check to the
-        first pass over every row (a finite sum says every row is finite), which the
+        On data from ``PARALLEL_ROWS`` rows, ``oracle_builder.build_oracles`` leaves this
+        check to the first pass over every row (a finite sum says every row is finite), which the
         reference search makes anyway; steps call this once built, so that a step that made
         no such pass still checks before sampling. Raises the self-check's ``ValueError``
         naming the rows.
@@ -424,117 +393,6 @@ class ModelOracles:
         residual = self._gradient("residual_ratio_rows", functions[self.proxy_order])
         return residual(q_new, q_old, q_ref, *self._gather(idx))
 
-    def gradient_hessian_sums(
-        self, q: np.ndarray, idx: np.ndarray | None = None, chunk_size: int = 8192
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """``sum_i grad loglik_i(q)`` and ``sum_i hess loglik_i(q)`` over rows ``idx`` (all rows).
-
-        Rows are summed in chunks of ``chunk_size`` rows: O(N) time, O(chunk_size * d)
-        memory. Other model variables are read at their frozen values (:meth:`freeze_shared`).
-        """
-        unconstrained = self.expansion == "unconstrained"
-        sums = self._functions.sums if unconstrained else self._space.sums
-        sums_fn = self._gradient("gradient_hessian_sums", sums)
-        d = self.expansion_size
-        gradient, hessian = np.zeros(d), np.zeros((d, d))
-        chunks: Iterator[Rows]
-        if idx is None:
-            chunks = row_chunks(self.n_rows, chunk_size)
-        else:
-            rows_all = np.asarray(idx, dtype="int64")
-            chunks = (
-                rows_all[start : start + chunk_size]
-                for start in range(0, rows_all.size, chunk_size)
-            )
-        grouped = self._functions.grouped_sums() if unconstrained else self._space.grouped
-        if grouped is not None:
-            # Rows that read their groups' parameters: summed by the chain rule through the
-            # groups' tables (grouped_sums.py), O(N) whatever the number of groups.
-            totals = grouped.totals(
-                q, (self._gather(rows) for rows in chunks), outer=False, hessian=True
-            )
-            return totals.gradient, cast(np.ndarray, totals.hessian)
-        if idx is None:
-            shared = self._summed_pass(sums_fn, q)
-            if shared is not None:
-                self._after_full_pass(float(np.sum(shared[0])))
-                return shared[0], shared[1]
-        for rows in chunks:
-            chunk_gradient, chunk_hessian = sums_fn(q, *self._gather(rows))
-            gradient += chunk_gradient
-            hessian += chunk_hessian
-        return gradient, hessian
-
-    def search_sums(
-        self, q: np.ndarray, idx: Rows, *, with_hessian: bool, chunk_size: int = 8192
-    ) -> SearchSums:
-        """Sum over the rows ``idx`` at ``q`` what one iteration of the reference search needs.
-
-        One compiled call per chunk of ``chunk_size`` rows returns the rows' summed
-        log-likelihood, gradient, scores' outer products and (``with_hessian``) Hessian, so
-        an iteration reads its rows once: O(len(idx)) time, O(chunk_size * d) memory. A slice
-        is read in place. Other model variables are read at their current values.
-        """
-        function = self._gradient("search_sums", self._functions.search[with_hessian])
-        d = self.n_params
-        loglik, gradient, outer = 0.0, np.zeros(d), np.zeros((d, d))
-        hessian = np.zeros((d, d)) if with_hessian else None
-        pieces: Iterator[Rows]
-        if isinstance(idx, slice):
-            start, stop, _ = idx.indices(self.n_rows)
-            pieces = (
-                slice(start + piece.start, start + piece.stop)
-                for piece in row_chunks(stop - start, chunk_size)
-            )
-        else:
-            pieces = (idx[begin : begin + chunk_size] for begin in range(0, idx.size, chunk_size))
-        grouped = self._functions.grouped_search()
-        if grouped is not None:
-            # Rows that read their groups' parameters (grouped_sums.py): no d x d work per row.
-            totals = grouped.totals(
-                q, (self._gather(rows) for rows in pieces), outer=True, hessian=with_hessian
-            )
-            return SearchSums(
-                totals.loglik, totals.gradient, cast(np.ndarray, totals.outer), totals.hessian
-            )
-        if (
-            with_hessian
-            and self.passes_shared
-            and isinstance(idx, slice)
-            and row_count(idx, self.n_rows) == self.n_rows
-        ):
-            return self._full_search_sums(q, chunk_size)
-        for rows in pieces:
-            sums = function(q, *[array[:, None] for array in self._gather(rows)])
-            loglik += float(sums[0])
-            gradient += sums[1]
-            outer += sums[2]
-            if hessian is not None:
-                hessian += sums[3]
-        return SearchSums(loglik, gradient, outer, hessian)
-
-    def _full_search_sums(self, q: np.ndarray, chunk_size: int) -> SearchSums:
-        """:meth:`search_sums` with the Hessian on every row: no scores, threaded.
-
-        The scores' outer products are returned as zeros: on every row the direction test's
-        variance has the finite-population factor 0 (``kernels/optimizer.py``), and without
-        per-row scores the pass does about half the work (74 against 154 ns per row on a
-        logistic regression with d = 10, one core). Used from ``PARALLEL_ROWS`` rows, where
-        that saves more than compiling one more function costs, and shared among the cores
-        there (``model/parallel_pass.py``).
-        """
-        function = self._functions.full_sums
-        d = self.n_params
-        totals = self._summed_pass(function, q)
-        if totals is None:
-            totals = [np.zeros(()), np.zeros(d), np.zeros((d, d))]
-            for rows in row_chunks(self.n_rows, chunk_size):
-                for total, output in zip(totals, function(q, *self._gather(rows)), strict=True):
-                    total += output
-        loglik, gradient, hessian = totals
-        self._after_full_pass(float(loglik))
-        return SearchSums(float(loglik), gradient, np.zeros((d, d)), hessian)
-
     def log_prior_hessian(self, q: np.ndarray) -> np.ndarray:
         """Hessian of :meth:`log_prior` (d x d)."""
         return self.log_prior_derivatives(q)[1]
@@ -620,116 +478,3 @@ def _indices(rows: slice, array: np.ndarray) -> np.ndarray:
 
 #: Rows per call of the exact gradient (``gradient_on_rows(None)``), each range read in place.
 _EXACT_GRADIENT_CHUNK = 65_536
-
-#: Each model's functions, per (variables, row dimension, compile options); dropped with the
-#: model. See :func:`build_oracles`.
-_FUNCTIONS: weakref.WeakKeyDictionary[Model, dict[tuple[Any, ...], ModelFunctions]] = (
-    weakref.WeakKeyDictionary()
-)
-
-
-def build_oracles(
-    model: Model,
-    vars: Sequence[TensorVariable],
-    *,
-    initial_point: dict[str, np.ndarray],
-    obs_dim: str | None = None,
-    compile_kwargs: dict[str, Any] | None = None,
-    with_gradients: bool = False,
-    proxy_order: int = 0,
-    discrete: bool = False,
-) -> ModelOracles:
-    """Read the model once and return its per-row and prior functions for ``vars``.
-
-    The functions compile at their first call and are shared, within a process, by every call
-    with the same model, variables, ``obs_dim`` and ``compile_kwargs`` (a reference search
-    and the steps built after it compile each function once). Each call gets its own view of
-    the data (:meth:`ModelOracles.refresh_data`).
-
-    Parameters
-    ----------
-    model : pymc.Model
-        The user's model.
-    vars : sequence of TensorVariable
-        Value variables sampled by the step.
-    initial_point : dict
-        A point of the model (``model.initial_point()``), used for shapes and the self-check.
-    obs_dim : str, optional
-        Name of the row dimension; see :func:`pymc_subsample.model.rows.find_row_layout`.
-    compile_kwargs : dict, optional
-        Passed to PyTensor's compiler, e.g. ``{"mode": "NUMBA"}`` or ``{"mode": "JAX"}``.
-    with_gradients : bool, default False
-        The caller needs per-row gradients: refuse now if no row depends on ``vars``.
-    proxy_order : {0, 1, 2}, default 0
-        Order of the Taylor proxies of ``residual_ratio_rows`` (control variates), which
-        implies ``with_gradients``.
-    discrete : bool, default False
-        Accept discrete variables in ``vars`` (a step whose moves keep them on their support:
-        the binary Gibbs step, a reversible-jump proposal). ``q`` then holds their values as
-        floats, cast back to the variables' dtypes inside the graphs; there are no gradients.
-
-    Returns
-    -------
-    ModelOracles
-
-    Raises
-    ------
-    ValueError
-        If the per-row values on a few rows differ from the full model's (a reduction over rows
-        inside the model), or the initial point has a non-finite log-density, or gradients are
-        asked for variables that no row depends on.
-
-    """
-    if proxy_order not in (0, 1, 2):
-        raise ValueError(f"proxy_order must be 0, 1 or 2, got {proxy_order!r}.")
-    if not discrete:
-        check_continuous(model, vars)
-    elif with_gradients or proxy_order > 0:
-        raise ValueError("Discrete variables have no gradients: with_gradients must be False.")
-    key = (
-        tuple(vars),
-        tuple(model.basic_RVs),
-        tuple(model.potentials),
-        obs_dim,
-        repr(sorted((compile_kwargs or {}).items())),
-    )
-    per_model = _FUNCTIONS.setdefault(model, {})
-    functions = per_model.get(key)
-    new = functions is None
-    if functions is None:
-        # No stack trace per node created (as in LazyFunction.compile): 0.05-0.1 s.
-        with pytensor.config.change_flags(traceback__limit=0), collection_paused():
-            functions = per_model[key] = model_functions(
-                model, vars, initial_point, obs_dim, dict(compile_kwargs or {})
-            )
-    if (with_gradients or proxy_order > 0) and not functions.rows_depend_on_q:
-        names = ", ".join(str(v.name) for v in vars)
-        raise ValueError(
-            f"No row of the likelihood depends on {names} (only the prior sees them), so there "
-            "are no per-row gradients for SGFS, proposal='langevin' or control_variate. Sample "
-            "them with pms.AusterityMH or pms.MinibatchBarkerMH, random-walk proposal and no "
-            "control variate, in a compound step: pm.sample(step=[..., that_step]). Such a "
-            "step reads one batch per draw."
-        )
-    q0 = initial_q(initial_point, vars)
-    oracles = ModelOracles(
-        initial_q=q0,
-        _functions=functions,
-        proxy_order=proxy_order,
-        _data=DataTracker(functions.row_data, functions.data),
-    )
-    continuous = np.concatenate(
-        [
-            np.full(int(np.size(initial_point[str(v.name)])), v.dtype not in discrete_types)
-            for v in vars
-        ]
-    )
-    # From PARALLEL_ROWS rows, the start's finiteness check (a pass over every row) waits for
-    # the first such pass the step makes anyway (ModelOracles.ensure_rows_finite).
-    deferred = oracles.n_rows >= PARALLEL_ROWS
-    self_check(oracles, functions.full_rows, q0, continuous, check_finite=not deferred)
-    if deferred:
-        oracles._tracker.finite_pending = q0
-    if new and not discrete:
-        warn_if_unidentified(functions.flat, oracles.score_rows, oracles.n_rows, q0)
-    return oracles

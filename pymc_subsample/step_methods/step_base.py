@@ -21,7 +21,8 @@ from pymc.util import RandomGenerator, get_random_generator
 from pytensor.graph.basic import Variable
 from pytensor.tensor.variable import TensorVariable
 
-from pymc_subsample.model.oracles import ModelOracles, build_oracles
+from pymc_subsample.model.oracle_builder import build_oracles
+from pymc_subsample.model.oracles import ModelOracles
 from pymc_subsample.reference import funnel_explanation
 from pymc_subsample.step_methods.arguments import (
     check_int,
