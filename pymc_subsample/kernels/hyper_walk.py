@@ -82,8 +82,8 @@ class HyperWalk:
         current = log_target(h)
         accepted = 0
         scale = math.exp(self.log_scale)
-        # Every move's increment and uniform drawn at once (the increments do not depend on
-        # the chain's path; the scale changes only between calls).
+        # Every move's increment and uniform drawn at once: they do not depend on the chain's
+        # path, and a call moves at one scale (its adaptation applies from the next call).
         increments = scale * (rng.standard_normal((MOVES, self.size)) @ self.factor.T)
         uniforms = rng.uniform(size=MOVES)
         with np.errstate(all="ignore"):

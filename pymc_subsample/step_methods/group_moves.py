@@ -3,7 +3,7 @@
 :class:`~pymc_subsample.GroupEffectsMH` updates a hierarchy in a Gibbs sweep
 (``docs/architecture.md``, "Group effects"): every group's effects on their own rows
 (``kernels/group_effects.py``), then the three moves here, each a Metropolis-Hastings kernel
-that leaves the posterior invariant:
+(the first two exact, the third decided by a subsampled test, as the groups' own are):
 
 - :meth:`GroupMoves._move_ridges`: exact moves along each intercept ridge (a shared
   coefficient up, a factor's cells down), which change no row;
