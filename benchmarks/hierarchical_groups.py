@@ -45,15 +45,17 @@ Cost: nutpie's numba gradient of the logistic models takes about 130 ns a row on
 5 ns), so nutpie on ``noncentred_logistic_1000`` takes about 3 s an iteration (one chain of
 150 + 100 took 742 s; the default 2 x 2,000 would take over 3 hours) and on
 ``noncentred_logistic_200`` about 0.6 s. ``results/hierarchical_groups.json`` holds (see its
-``models`` entries) two runs made one after the other: ``--models centred_poisson
-crossed_normal noncentred_logistic_200 --nutpie-draws noncentred_logistic_200=150:150
---no-reference noncentred_logistic_200 noncentred_logistic_1000 --timeout 900`` (32 minutes),
-then ``--models noncentred_logistic_1000 --samplers austerity barker --nutpie-draws
-noncentred_logistic_1000=100:100 --timeout 2400`` (13 minutes; nutpie's run is the reference
-there, too short to be one: an exact reference, ``--exact-reference``, took 0.3 to 0.6 s a
-draw). ``--quick`` is a smoke test (groups / 10, rows / 50, short chains; about 5 minutes for
-the four models). Writes ``results/hierarchical_groups.json`` (``--quick``:
-``results/hierarchical_groups_quick.json``); models not run keep their earlier results there.
+``models`` entries) runs of three commits, each model's samplers on one commit, one after the
+other: ``crossed_normal`` from an earlier commit's run of ``--models centred_poisson crossed_normal
+noncentred_logistic_200 --timeout 900`` (the others since rerun); ``--models centred_poisson
+--timeout 900`` (5 minutes); ``noncentred_logistic_200`` and ``noncentred_logistic_1000`` each
+against the exact group step (``--exact-reference``): its run and each of ours made first as
+``--child`` processes, their JSON lines saved, then ``--models MODEL --samplers ... --nutpie-draws
+MODEL=TUNE:DRAWS --exact-reference MODEL --reuse SAMPLER=FILE ...`` (the exact run took 41 minutes
+at 1e6 rows, 2 x (400 + 1,500); nutpie 2 x (100 + 100) there, 2 x (150 + 150) at 2e5). ``--quick``
+is a smoke test (groups / 10, rows / 50, short chains; about 5 minutes for the four models). Writes
+``results/hierarchical_groups.json`` (``--quick``: ``results/hierarchical_groups_quick.json``);
+models not run keep their earlier results there.
 """
 
 from __future__ import annotations
