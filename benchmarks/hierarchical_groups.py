@@ -434,7 +434,9 @@ def run_model(model_name: str, args: argparse.Namespace) -> tuple[dict[str, Any]
             else "the nutpie run itself (no second, longer run): nutpie's errors are 0 by "
             "construction and the others' include its Monte Carlo error"
         ),
+        # This process's time: runs taken from files (--reuse) cost it nothing.
         "seconds": time.perf_counter() - begin,
+        "reused": sorted(reused),
     }
     return settings, summaries
 
