@@ -7,7 +7,8 @@ from the mode a few hundred rows give a good direction; near it the test asks fo
 last iterations use all rows, where Newton converges quadratically. The minibatch doubles
 between tests ("testing at increasingly larger intervals", as the paper suggests), so an
 iteration makes O(log N) calls. Each accepted update takes a backtracking (Armijo) step on the
-minibatch's own objective, which guards Newton against overshooting far from the mode. Unlike
+minibatch's own objective, which guards Newton against overshooting far from the mode
+(``reference_objective.py``). Unlike
 the paper, which restarts every iteration at N_0 rows, the next iteration starts at the rows the
 last one needed, so the minibatch never shrinks: near the mode a chance pass of the test on
 fewer rows otherwise moves the iterate away again by the noise of those rows (restarting at
@@ -42,14 +43,12 @@ from pymc_subsample.model.oracle_sums import SearchSums
 from pymc_subsample.model.oracles import ModelOracles
 from pymc_subsample.model.parallel_pass import PARALLEL_ROWS
 from pymc_subsample.model.row_data import Rows, row_chunks, row_count
+from pymc_subsample.reference_objective import CHUNK, line_search, log_posterior
 
 __all__ = ["Optimum", "optimise_reference", "search_tol"]
 
-#: Armijo's sufficient-increase constant and the most halvings of a step.
-_ARMIJO = 1e-4
-_MAX_HALVINGS = 40
-#: Rows per chunk of the full-data log posterior.
-_CHUNK = 8192
+#: Rows per chunk of the search's sums.
+_CHUNK = CHUNK
 #: From ``PARALLEL_ROWS`` rows, the largest minibatch before the search reads every row.
 _LARGEST_BATCH = 1 << 20
 #: The same for memory-mapped rows, whose scattered reads may each wait on the disk.
@@ -197,7 +196,7 @@ def _optimise(
                 # The quadratic model behind the unchecked step failed (on a non-centred
                 # hierarchy's curved ridge a decrement of 0.57 sent the log posterior from
                 # -2.8e4 to -6.8e10): backtrack from its start, halving from 1/2.
-                q, value = _line_search(
+                q, value = line_search(
                     oracles, unchecked.start, unchecked.step, slice(0, n_rows),
                     unchecked.loglik, unchecked.decrement, counts, alpha=0.5,
                 )  # fmt: skip
@@ -225,18 +224,18 @@ def _optimise(
             unchecked = _UncheckedStep(q, known[1], test.step, sums.loglik, decrement)
             q = q + test.step
         else:
-            q, value = _line_search(oracles, q, test.step, rows, sums.loglik, decrement, counts)
+            q, value = line_search(oracles, q, test.step, rows, sums.loglik, decrement, counts)
             known = None if value is None else (q, value)
     if known is not None and np.array_equal(known[0], q):
         end_value = known[1]
     else:
-        end_value = _log_posterior(oracles, q, counts)
+        end_value = log_posterior(oracles, q, counts)
     start_value = end_value
     if not (converged and np.isfinite(end_value)):
         # Never hand back a point worse than the start (or with a non-finite log density). A
         # mode found on all rows (converged, negative definite Hessian) is kept without this
         # comparison, which would cost a pass over the data.
-        start_value = _log_posterior(oracles, q0, counts)
+        start_value = log_posterior(oracles, q0, counts)
         if not end_value >= start_value:
             q, end_value, converged, last = q0, start_value, False, None
     failure = _failure(
@@ -334,15 +333,6 @@ def _failure(
         "check that the posterior has a mode (flat priors on parameters the data do not "
         "identify, or on separable data, give none)"
     )
-
-
-def _log_posterior(oracles: ModelOracles, q: np.ndarray, counts: dict[str, int]) -> float:
-    """Full-data log posterior, summed in chunks of rows; -inf where it is not finite."""
-    # Far from the mode the row densities may overflow: that is a -inf (rejected) point here.
-    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-        total = oracles.log_prior(q) + _loglik_sum(oracles, q, slice(0, oracles.n_rows))
-    counts["loglik"] += oracles.n_rows
-    return total if np.isfinite(total) else -np.inf
 
 
 def _tested_update(
@@ -511,55 +501,3 @@ def _all_rows_pay(n_used: int, n_rows: int, oracles: ModelOracles) -> bool:
         return 4 * n_used >= n_rows
     largest = _LARGEST_MAPPED_BATCH if oracles.rows_far else _LARGEST_BATCH
     return 16 * n_used >= n_rows or n_used >= largest
-
-
-def _line_search(
-    oracles: ModelOracles,
-    q: np.ndarray,
-    step: np.ndarray,
-    rows: Rows,
-    loglik: float,
-    decrement: float,
-    counts: dict[str, int],
-    alpha: float = 1.0,
-) -> tuple[np.ndarray, float | None]:
-    """Backtrack from ``alpha`` times the step until the minibatch objective rises (Armijo).
-
-    ``loglik`` is the rows' summed log-likelihood at ``q`` (from the iteration's pass), so
-    each trial reads the rows once. Returns the new point and, when ``rows`` are all the rows
-    (a slice), the full-data log posterior there (None otherwise).
-    """
-    n_used = row_count(rows, oracles.n_rows)
-    scale = oracles.n_rows / n_used
-    for _ in range(_MAX_HALVINGS):
-        candidate = q + alpha * step
-        counts["loglik"] += n_used
-        # A long trial step may overflow the row densities: a non-finite gain rejects it. The
-        # sums' rounding error (about 1e-16 of the sum per row summed, 1e-9 at N = 1e7) is far
-        # below the smallest gain a line search asks for, 1e-4 of a decrement above 1e-4.
-        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-            value = _loglik_sum(oracles, candidate, rows)
-            gain = oracles.log_prior_ratio(candidate, q) + scale * (value - loglik)
-        if np.isfinite(gain) and gain >= _ARMIJO * alpha * decrement:
-            if not isinstance(rows, slice):
-                return candidate, None
-            total = oracles.log_prior(candidate) + value
-            return candidate, total if np.isfinite(total) else None
-        alpha *= 0.5
-    return q, None
-
-
-def _loglik_sum(oracles: ModelOracles, q: np.ndarray, rows: Rows) -> float:
-    """Sum the rows' log-likelihoods at ``q``, chunk by chunk (a slice read in place).
-
-    Every row: on every core where the pass is shared (:meth:`ModelOracles.loglik_total`).
-    """
-    if isinstance(rows, slice) and row_count(rows, oracles.n_rows) == oracles.n_rows:
-        total = oracles.loglik_total(q)
-        if total is not None:
-            return total
-    if isinstance(rows, slice):
-        pieces: list[Rows] = list(row_chunks(oracles.n_rows, _CHUNK))
-    else:
-        pieces = [rows[begin : begin + _CHUNK] for begin in range(0, rows.size, _CHUNK)]
-    return sum(float(oracles.loglik_rows(q, piece).sum()) for piece in pieces)
