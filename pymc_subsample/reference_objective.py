@@ -19,7 +19,7 @@ __all__ = ["ARMIJO", "CHUNK", "MAX_HALVINGS", "line_search", "log_posterior", "l
 #: Armijo's sufficient-increase constant and the most halvings of a step.
 ARMIJO = 1e-4
 MAX_HALVINGS = 40
-#: Rows per chunk of the full-data log posterior.
+#: Rows per chunk of the full-data log posterior and of the search's sums over rows.
 CHUNK = 8192
 
 

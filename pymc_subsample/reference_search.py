@@ -47,8 +47,6 @@ from pymc_subsample.reference_objective import CHUNK, line_search, log_posterior
 
 __all__ = ["Optimum", "optimise_reference", "search_tol"]
 
-#: Rows per chunk of the search's sums.
-_CHUNK = CHUNK
 #: From ``PARALLEL_ROWS`` rows, the largest minibatch before the search reads every row.
 _LARGEST_BATCH = 1 << 20
 #: The same for memory-mapped rows, whose scattered reads may each wait on the disk.
@@ -366,7 +364,7 @@ def _tested_update(
             # Every row: read in place, range by range (no draw, no gather, no copy). From
             # PARALLEL_ROWS on, every row again rather than the rest of them: in place,
             # threaded and without scores, all of them cost less than the rest listed.
-            batch = oracles.search_sums(q, slice(0, n_rows), with_hessian=newton, chunk_size=_CHUNK)
+            batch = oracles.search_sums(q, slice(0, n_rows), with_hessian=newton, chunk_size=CHUNK)
             n_used, size, chunks, sums = n_rows, n_rows, [], None
         elif chunks and size == n_rows - sampler.n_taken:
             # The rest of the rows: range by range, less the rows drawn (no list of N rows).
@@ -377,7 +375,7 @@ def _tested_update(
             # N = 1e6), chunk by chunk: O(chunk) memory for the gathered rows.
             rows = np.sort(sampler.draw(rng, size))
             chunks.append(rows)
-            batch = oracles.search_sums(q, rows, with_hessian=newton, chunk_size=_CHUNK)
+            batch = oracles.search_sums(q, rows, with_hessian=newton, chunk_size=CHUNK)
             n_used = sampler.n_taken
         counts["gradient"] += size
         sums = batch if sums is None else _added(sums, batch)
@@ -432,17 +430,17 @@ class _NonFiniteDerivatives(FloatingPointError):
 def _rest_sums(oracles: ModelOracles, q: np.ndarray, taken: np.ndarray, newton: bool) -> SearchSums:
     """Sum what the search reads over every row not in ``taken`` (sorted), range by range.
 
-    Each range of ``_CHUNK`` rows is read less its taken rows: O(_CHUNK) indices at a time,
+    Each range of ``CHUNK`` rows is read less its taken rows: O(CHUNK) indices at a time,
     where drawing the rest of the rows listed them all (8 bytes per row, twice).
     """
     total: SearchSums | None = None
-    for piece in row_chunks(oracles.n_rows, _CHUNK):
+    for piece in row_chunks(oracles.n_rows, CHUNK):
         begin, end = np.searchsorted(taken, (piece.start, piece.stop))
         keep = np.ones(piece.stop - piece.start, dtype=bool)
         keep[taken[begin:end] - piece.start] = False
         rows = piece.start + np.flatnonzero(keep)
         if rows.size:
-            sums = oracles.search_sums(q, rows, with_hessian=newton, chunk_size=_CHUNK)
+            sums = oracles.search_sums(q, rows, with_hessian=newton, chunk_size=CHUNK)
             total = sums if total is None else _added(total, sums)
     assert total is not None  # the caller reads the rest only where rows remain
     return total

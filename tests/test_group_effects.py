@@ -35,6 +35,7 @@ from scipy import stats
 
 import pymc_subsample as pms
 from pymc_subsample import GroupEffectsMH
+from pymc_subsample.kernels.group_effects import symmetric_eigen
 
 SIZES = [0, 1, 3, 20, 50, 51, 80, 200, 400, 1_500, 4_000, 6, 120, 900]
 
@@ -437,8 +438,6 @@ def test_symmetric_eigen_reconstructs_every_matrix(k):
     identity (a repeated eigenvalue, any rotation) to rounding error; a wrong angle or a
     swapped sign in the 2 x 2 rotation fails by O(1).
     """
-    from pymc_subsample.kernels.group_effects import symmetric_eigen
-
     rng = np.random.default_rng(0)
     matrices = rng.normal(size=(200, k, k))
     matrices = matrices + np.swapaxes(matrices, 1, 2)

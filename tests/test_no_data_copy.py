@@ -23,7 +23,8 @@ import pymc_subsample.model.oracles as oracles_module
 import pymc_subsample.model.self_check as self_check_module
 from pymc_subsample.kernels.row_sampler import RowSampler, SparseRowSampler
 from pymc_subsample.model.oracle_builder import build_oracles
-from pymc_subsample.reference_search import _CHUNK, _rest_sums
+from pymc_subsample.reference_objective import CHUNK
+from pymc_subsample.reference_search import _rest_sums
 
 #: 1e6 rows x 10 float32 columns: 40 MB, a copy of which (80 MB once upcast) the test sees at
 #: once, in about 10 s per build on two shared cores.
@@ -129,7 +130,7 @@ def test_sparse_sampler_draws_the_row_samplers_rows() -> None:
 
 def test_rest_of_the_rows_sums_as_listed() -> None:
     """The search's last growth reads every row not taken, range by range, as a list would."""
-    n_rows = 2 * _CHUNK + 300
+    n_rows = 2 * CHUNK + 300
     rng = np.random.default_rng(3)
     X = rng.normal(size=(n_rows, 2)).astype("float32")
     y = (rng.random(n_rows) < 0.5).astype("int8")
