@@ -24,6 +24,16 @@ def test_discrete_variables_are_refused():
         k = pm.Poisson("k", 3.0)
         pm.Normal("y", rate + k, 1.0, observed=np.zeros(20))
         with pytest.raises(ValueError, match=r"Discrete variables \['k'\].*pm.Metropolis"):
+            pms.AusterityMH([rate, k])
+        # With no vars the step takes the continuous ones, as NUTS does.
+        assert [v.name for v in pms.AusterityMH(control_variate=None).vars] == ["rate_log__"]
+
+
+def test_a_model_with_only_discrete_variables_is_refused():
+    with pm.Model():
+        k = pm.Poisson("k", 3.0)
+        pm.Normal("y", k, 1.0, observed=np.zeros(20))
+        with pytest.raises(ValueError, match=r"Discrete variables \['k'\]"):
             pms.AusterityMH()
 
 

@@ -158,7 +158,7 @@ def test_lasso_logistic_with_a_sampled_shrinkage_runs_in_a_compound_step() -> No
 
 def test_refusals(selection) -> None:
     X, y, _ = selection
-    with linear_selection_model(X, y):
+    with linear_selection_model(X, y) as model:
         with pytest.raises(ValueError, match=r"must be a pm\.Bernoulli"):
             pms.ReversibleJumpMH("beta", "beta")
         with pytest.raises(ValueError, match="not a free variable"):
@@ -168,7 +168,7 @@ def test_refusals(selection) -> None:
         with pytest.raises(ValueError, match="birth_sd"):
             pms.ReversibleJumpMH("gamma", "beta", birth_sd=0.0)
         with pytest.raises(ValueError, match="cannot be moved by proposal='auto'"):
-            pms.AusterityMH()
+            pms.AusterityMH([model["gamma"], model["beta"]])
         with pytest.raises(ValueError, match="control_variate='taylor2' needs gradients"):
             pms.AusterityMH(proposal=lambda rng, q, s: (q, 0.0), control_variate="taylor2")
     with pm.Model():

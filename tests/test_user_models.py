@@ -96,6 +96,41 @@ def test_compound_step_with_pymc_nuts(step_class):
     assert np.isfinite(_draws(idata, "sigma")).all()
 
 
+@pytest.mark.parametrize("step_class", [pms.AusterityMH, pms.MinibatchBarkerMH])
+def test_default_step_beside_a_discrete_variable_pymc_assigns(step_class):
+    # Before: the step with no vars took the discrete k too and refused it, so even
+    # pm.sample(step=[pms.AusterityMH(), pm.BinaryMetropolis([k])]) failed. Now it takes the
+    # continuous variables, as NUTS does, and pm.sample gives k its own step.
+    #
+    # Exact posterior: y_i ~ N(mu, 1), mu | k ~ N(0, s_k^2) with s = (1, 3), k ~ Bernoulli(0.3).
+    # ybar is sufficient: p(k | y) is proportional to p(k) N(ybar; 0, s_k^2 + 1/N), and mu
+    # given k is conjugate. With ybar = 2.5, P(k = 1 | y) = 0.70 (0.30 a priori); a k-step
+    # that saw mu at its start (0) would give 0.125, one that held k 0 or 1. Tolerances: 0.08 on
+    # P(k = 1) (about 4 Monte Carlo sds at the ESS of 2 x 1,000 draws of BinaryGibbsMetropolis,
+    # above 300) and 4 posterior sds of mu on its mean (mu's posterior sd is 0.014; a wrong
+    # mean would be off by the ridge's tens of sds); false-failure rate below 1e-4.
+    rng = np.random.default_rng(11)
+    n_rows, scales, prior_k = 5000, np.array([1.0, 3.0]), 0.3
+    y = rng.normal(0.0, 1.0, n_rows)
+    y += 2.5 - y.mean()
+    ybar = y.mean()
+    from scipy import stats
+
+    weights = np.array([1 - prior_k, prior_k]) * stats.norm.pdf(
+        ybar, 0.0, np.sqrt(scales**2 + 1 / n_rows)
+    )
+    p_k1 = weights[1] / weights.sum()
+    with pm.Model():
+        k = pm.Bernoulli("k", prior_k)
+        mu = pm.Normal("mu", 0.0, pt.switch(pt.eq(k, 1), scales[1], scales[0]))
+        pm.Normal("y", mu, 1.0, observed=y)
+        idata = pm.sample(
+            1000, tune=500, step=step_class(), random_seed=5, **{**SAMPLE, "chains": 2}
+        )
+    assert abs(_draws(idata, "k").mean() - p_k1) < 0.08, (_draws(idata, "k").mean(), p_k1)
+    assert abs(_draws(idata, "mu").mean() - ybar) < 4 / np.sqrt(n_rows)
+
+
 def test_set_data_to_fewer_rows_uses_the_new_rows():
     # Before: IndexError (the step kept N = 2000 and drew rows beyond the new data).
     X, y = linear_regression_data(2000, seed=24)

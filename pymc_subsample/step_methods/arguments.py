@@ -13,6 +13,7 @@ import numpy as np
 import pymc as pm
 from numpy.typing import ArrayLike
 from pymc.util import get_value_vars_from_user_vars
+from pymc.vartypes import discrete_types
 from pytensor.tensor.variable import TensorVariable
 
 from pymc_subsample.model.imputation import imputed_value_vars
@@ -30,23 +31,40 @@ __all__ = [
     "check_proposal",
     "check_scaling",
     "check_temperature",
+    "free_value_vars",
     "step_value_vars",
     "warn_row_length_deterministics",
 ]
 
 
 def step_value_vars(
-    model: pm.Model | None, vars: Sequence[TensorVariable] | None
+    model: pm.Model | None,
+    vars: Sequence[TensorVariable] | None,
+    *,
+    discrete: bool = False,
 ) -> list[TensorVariable]:
-    """Return the value variables a step samples: ``vars``, else all the model's.
+    """Return the value variables a step samples: ``vars``, else the model's continuous ones.
 
+    With no ``vars`` a step takes what PyMC's NUTS takes: the continuous free variables
+    (every free variable with ``discrete=True``, for a proposal function that moves discrete
+    ones); ``pm.sample`` assigns its own steps to the rest, as it does beside NUTS. A model
+    with no continuous variable gives its discrete ones, for the step to refuse with its fix.
     Imputed missing values (``y_unobserved``) are left to PyMC's own step by default.
     """
     model = pm.modelcontext(model)
     if vars is None:
         imputed = imputed_value_vars(model)
-        return [value for value in model.value_vars if value not in imputed]
+        values = [value for value in model.value_vars if value not in imputed]
+        if discrete:
+            return values
+        continuous = [value for value in values if value.dtype not in discrete_types]
+        return continuous or values
     return list(get_value_vars_from_user_vars(vars, model))
+
+
+def free_value_vars(model: pm.Model | None) -> list[TensorVariable]:
+    """Return every free value variable a step could sample, discrete ones included."""
+    return step_value_vars(model, None, discrete=True)
 
 
 def check_discrete_request(names: list[str], proposal: str, control_variate: str | None) -> None:

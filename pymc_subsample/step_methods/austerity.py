@@ -27,7 +27,8 @@ class AusterityMH(SubsampleMH, test=SequentialTTest):
     Parameters
     ----------
     vars : list of variables, optional
-        Continuous variables to sample (default: all free variables of the model).
+        Continuous variables to sample (default: every continuous free variable, as NUTS;
+        ``pm.sample`` assigns its own steps to discrete ones).
     error_tolerance : float, "optimal", OptimalDesign or SequentialDesign, default 0.001
         Probability of a wrong decision allowed in each single t-test (the paper's epsilon),
         in [0, 0.5). 0 gives exact Metropolis-Hastings on all rows. ``"optimal"`` (or

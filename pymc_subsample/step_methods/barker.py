@@ -30,7 +30,8 @@ class MinibatchBarkerMH(SubsampleMH, test=BarkerTest):
     Parameters
     ----------
     vars : list of variables, optional
-        Continuous variables to sample (default: all free variables).
+        Continuous variables to sample (default: every continuous free variable, as NUTS;
+        ``pm.sample`` assigns its own steps to discrete ones).
     batch_size : int, optional
         Initial batch and increment (the paper's m); at least 2. Default 100.
     temperature : float, default 1

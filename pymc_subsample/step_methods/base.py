@@ -176,7 +176,8 @@ class SubsampleMH(SubsampleStepBase, ControlVariateChoice):
             )
         #: The step's discrete variables: sampled only by a proposal function that keeps them
         #: on their support (a reversible-jump proposal), without a control variate.
-        self.discrete_vars = discrete_names(step_value_vars(model, vars))
+        vars = step_value_vars(model, vars, discrete=requested_proposal == USER_PROPOSAL)
+        self.discrete_vars = discrete_names(vars)
         if self.discrete_vars:
             check_discrete_request(self.discrete_vars, requested_proposal, requested)
             requested = None

@@ -103,8 +103,9 @@ def control_variate_obstacle(oracles: ModelOracles, temperature: float) -> str |
         return (
             f"the likelihood also reads {', '.join(others)}, which another step samples: "
             "Taylor proxies are expanded at fixed values of them and stop holding once that "
-            "step moves them. Give this step those variables too (vars=None samples them all), "
-            "or pass control_variate=None to silence this"
+            "step moves them. Give this step those that are continuous too (vars=None samples "
+            "every continuous variable; discrete ones keep their own step), or pass "
+            "control_variate=None to silence this"
         )
     return None
 

@@ -19,7 +19,7 @@ from pymc_subsample.kernels.group_tests import BARKER, T_TEST
 from pymc_subsample.model.checks import discrete_names
 from pymc_subsample.model.group_effects import NO_GROUP_INDEX
 from pymc_subsample.model.grouped_rows import reads_a_group_index
-from pymc_subsample.step_methods.arguments import step_value_vars
+from pymc_subsample.step_methods.arguments import free_value_vars
 from pymc_subsample.step_methods.group_effects import GroupEffectsMH, NotGroupEffects
 
 __all__ = ["AUTO_GROUPS", "GROUP_ROUTE_MARK", "group_route"]
@@ -85,7 +85,7 @@ def group_route(
             )
         return None
     model = pm.modelcontext(kwargs.get("model"))
-    values = step_value_vars(model, None)
+    values = free_value_vars(model)
     discrete = discrete_names(values)
     if discrete:
         if choice is True:

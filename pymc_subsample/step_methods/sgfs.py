@@ -274,8 +274,8 @@ class SGFS(SubsampleStepBase):
             raise ValueError(
                 f"control_variate='taylor1': the likelihood also reads {', '.join(others)}, "
                 "which another step samples, and the control variate's full sum at the "
-                "reference holds them fixed. Give this step those variables too (vars=None), or "
-                "pass control_variate=None."
+                "reference holds them fixed. Give this step those that are continuous too "
+                "(vars=None samples every continuous variable), or pass control_variate=None."
             )
         # "auto": the control variate with its own step size and full B, unless one is given
         # (the paper's parametrisation, where a large eps is the BvM regime), SGFS-d (a diagonal
