@@ -93,6 +93,31 @@ def test_poisson_groups_match_quadrature(test):
     assert (0.5 if test == "t" else 0.3) < float(stats_["accept_rate"].mean()) <= 1.0
 
 
+def test_last_tuning_expansion_is_at_the_mean_of_the_draws_before_it():
+    # The expansion at tuning draw 200 is at the mean of draws 50 to 199 (RECENTRE_AT,
+    # MEAN_FROM), not at the chain's point then: one draw of a small group's broad
+    # conditional can lie in its tail. Fails if the expansion stays at draw 200's point or
+    # averages another window (each moves reference_q by far more than 1e-12).
+    from pymc.blocking import DictToArrayBijection
+
+    from pymc_subsample.step_methods.group_effects import MEAN_FROM, RECENTRE_AT
+
+    group, y = _poisson_groups()
+    with pm.Model(coords={"group": range(len(SIZES))}):
+        index = pm.Data("g", group)
+        a = pm.Normal("a", 0.5, 1.0, dims="group")
+        pm.Poisson("y", pm.math.exp(a[index]), observed=y)
+        step = GroupEffectsMH([a], rng=3)
+        q = DictToArrayBijection.map({"a": np.full(len(SIZES), 0.5)})
+    points = []
+    for _ in range(RECENTRE_AT[-1] + 1):
+        points.append(q.data.copy())
+        q, _ = step.astep(q)
+    window = np.mean(points[MEAN_FROM : RECENTRE_AT[-1]], axis=0)
+    np.testing.assert_allclose(step.expansion.reference_q, window, rtol=0, atol=1e-12)
+    assert np.max(np.abs(window - points[RECENTRE_AT[-1]])) > 1e-3
+
+
 GAUSSIAN_SIZES = [1, 2, 5, 10, 30, 60, 100, 300, 1_000, 2, 4, 8]
 PRIOR_MEAN_SD, PRIOR_SCALE_SD = 2.0, 1.0
 
