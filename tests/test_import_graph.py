@@ -18,15 +18,16 @@ import pytest
 PACKAGE = Path(__file__).parents[1] / "pymc_subsample"
 STEP_METHODS = "pymc_subsample.step_methods"
 
-#: Modules that define step classes (or a piece of one, ``control_choice``'s base class of
-#: ``SubsampleMH``; ``group_route``, which builds the group step for ``SubsampleMH``): they
-#: may import any part.
+#: Modules that define step classes (or a piece of one: ``control_choice``'s and
+#: ``proposal_choice``'s base classes of ``SubsampleMH``; ``group_route``, which builds the
+#: group step for ``SubsampleMH``): they may import any part.
 STEPS = frozenset(
     f"{STEP_METHODS}.{name}"
     for name in (
         "base",
         "step_base",
         "control_choice",
+        "proposal_choice",
         "austerity",
         "barker",
         "gibbs",

@@ -27,12 +27,14 @@ I_hat)``: without it the chain contracts by at most ``2 / gamma`` per step and m
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
 from scipy.linalg import cho_factor, cho_solve, solve_discrete_lyapunov
 
 __all__ = [
+    "PolynomialStepSize",
     "SGFSFactors",
     "curvature_and_noise",
     "empirical_fisher",
@@ -365,3 +367,25 @@ def largest_step_size_within(
         middle = float(np.sqrt(low * high))
         low, high = (middle, high) if within(middle) else (low, middle)
     return low
+
+
+@dataclass(frozen=True)
+class PolynomialStepSize:
+    """Step-size schedule ``a (b + t)^(-c)`` for step t = 1, 2, ... (Welling and Teh 2011).
+
+    Pass it as ``SGFS(step_size_schedule=PolynomialStepSize(a, b, c))``; nothing is annealed
+    unless you ask for it.
+
+    Examples
+    --------
+    >>> PolynomialStepSize(a=1.0, b=9.0, c=0.5)(1)
+    0.31622776601683794
+    """
+
+    a: float
+    b: float
+    c: float
+
+    def __call__(self, t: int) -> float:
+        """Step size at step t."""
+        return self.a * (self.b + t) ** (-self.c)

@@ -44,22 +44,20 @@ from pymc_subsample.step_methods.control import (
     ControlVariate,
     reference_vector,
 )
-from pymc_subsample.step_methods.control_choice import ControlVariateChoice
 from pymc_subsample.step_methods.defaults import (
     AUTO,
     CONTROLLED_BATCH_SIZE,
     INDEPENDENT_SPREAD,
-    TRAJECTORY_GRADIENT_ROWS,
     control_variate_obstacle,
-    gradient_obstacle,
 )
 from pymc_subsample.step_methods.diagnostics import ChainDiagnostics
 from pymc_subsample.step_methods.fused_path import FusedDraw, fused_obstacle, seed_fused_draws
 from pymc_subsample.step_methods.group_route import AUTO_GROUPS, GROUP_ROUTE_MARK, group_route
 from pymc_subsample.step_methods.progress import make_progressbar_updaters, progressbar_config
-from pymc_subsample.step_methods.proposal_parts import PROPOSAL_PARTS, ProposalPart
+from pymc_subsample.step_methods.proposal_choice import ProposalChoice
+from pymc_subsample.step_methods.proposal_parts import PROPOSAL_PARTS
 from pymc_subsample.step_methods.proposal_parts.hamiltonian import HamiltonianPart
-from pymc_subsample.step_methods.proposal_parts.user import USER_PROPOSAL, user_part
+from pymc_subsample.step_methods.proposal_parts.user import USER_PROPOSAL
 from pymc_subsample.step_methods.step_base import SubsampleStepBase
 from pymc_subsample.step_methods.stratification import make_strata
 from pymc_subsample.warnings import warn_user
@@ -91,7 +89,7 @@ STEP_STATS: dict[str, StatSpec] = {
 }
 
 
-class SubsampleMH(SubsampleStepBase, ControlVariateChoice):
+class SubsampleMH(SubsampleStepBase, ProposalChoice):
     """Metropolis-Hastings whose accept test looks at a subset of the rows.
 
     A step is this class with a test: ``class MyMH(SubsampleMH, test=MyTest)`` (an
@@ -361,54 +359,6 @@ class SubsampleMH(SubsampleStepBase, ControlVariateChoice):
             and not control_variate_obstacle(self.oracles, self.temperature),
             skewed_posterior=self.laplace_spread > INDEPENDENT_SPREAD,
         )
-
-    def _resolve_proposal(self, requested: str, proposal_cov: ArrayLike | None) -> str:
-        """Choose the proposal: ``requested``, or for "auto" the independent or random walk.
-
-        "auto" is the independent proposal from the Laplace approximation where the automatic
-        reference search found that approximation close (``INDEPENDENT_SPREAD``), no
-        ``proposal_cov`` was given and the step samples every free variable of the model; else
-        Hamiltonian trajectories, or the random walk for a step over variables no row reads
-        (whose target is their prior given the rest, cheap to explore) and for a tempered
-        posterior without a control variate on more than ``TRAJECTORY_GRADIENT_ROWS`` rows
-        (whose tests read few rows, where the trajectory's gradient would read many). In a
-        compound step the others move, and with them the conditional posterior: a proposal
-        fixed at its Laplace approximation for their first values would stay valid but could
-        stop being accepted.
-        """
-        if requested in PROPOSAL_PARTS:
-            obstacle = PROPOSAL_PARTS[requested].obstacle(self)
-            if obstacle is not None:
-                raise ValueError(f"proposal={requested!r} cannot be used here: {obstacle}.")
-        if requested != "auto":
-            return requested
-        close = self.laplace_spread <= INDEPENDENT_SPREAD  # False for NaN (no search)
-        alone = not self.oracles.shared  # no other model variable in the step's density
-        if self.control is not None and self._laplace_proposal and close and alone:
-            return "independent"
-        minibatch_gradient_only = self.control is None and self.temperature != 1.0
-        if self.oracles.rows_depend_on_q and not (
-            minibatch_gradient_only and self.oracles.n_rows > TRAJECTORY_GRADIENT_ROWS
-        ):
-            obstacle = gradient_obstacle(self.oracles)
-            if obstacle is None:
-                return "hmc"
-            warn_user(
-                f"{type(self).__name__} uses the random-walk proposal instead of its default "
-                f"Hamiltonian trajectories: {obstacle}."
-            )
-        return "random_walk"
-
-    def _make_part(self, proposal_cov: ArrayLike | None) -> ProposalPart:
-        """Return the part of ``proposal_kind`` (the user's function's, for a function)."""
-        if self._user_proposal is not None:
-            return user_part(self._user_proposal)
-        return PROPOSAL_PARTS[self.proposal_kind](proposal_cov)
-
-    def _reshape_proposal(self, proposal_cov: ArrayLike | None) -> None:
-        """Rebuild the proposal's kernel with a new covariance (the Laplace one moved)."""
-        self.proposal_part.proposal_cov = proposal_cov
-        self.proposal = self.proposal_part.build_kernel(self)
 
     def astep(self, q0: RaveledVars) -> tuple[RaveledVars, list[dict[str, Any]]]:
         """Propose and accept with the subclass's subsampled test."""

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
@@ -16,6 +15,7 @@ from pymc.util import RandomGenerator
 from pytensor.tensor.variable import TensorVariable
 
 from pymc_subsample.kernels.sgfs import (
+    PolynomialStepSize,
     SGFSFactors,
     empirical_fisher,
     sgfs_factors,
@@ -41,6 +41,8 @@ from pymc_subsample.step_methods.sgfs_start import (
 from pymc_subsample.step_methods.step_base import SubsampleStepBase
 from pymc_subsample.warnings import warn_user
 
+# PolynomialStepSize is defined with the other SGFS formulas (``kernels/sgfs.py``) and exported
+# from here, beside the step that takes it.
 __all__ = ["SGFS", "PolynomialStepSize", "SPREAD_TOLERANCE"]
 
 #: Default step size with the control variate (the default when the chains start at a
@@ -56,28 +58,6 @@ REFERENCE_STEP_SIZE = 40.0
 INITIAL_STEP_SIZE = 1.0
 #: Tuning draws per block of score covariances; the check uses the last half of the blocks.
 _SPREAD_BLOCK = 50
-
-
-@dataclass(frozen=True)
-class PolynomialStepSize:
-    """Step-size schedule ``a (b + t)^(-c)`` for step t = 1, 2, ... (Welling and Teh 2011).
-
-    Pass it as ``SGFS(step_size_schedule=PolynomialStepSize(a, b, c))``; nothing is annealed
-    unless you ask for it.
-
-    Examples
-    --------
-    >>> PolynomialStepSize(a=1.0, b=9.0, c=0.5)(1)
-    0.31622776601683794
-    """
-
-    a: float
-    b: float
-    c: float
-
-    def __call__(self, t: int) -> float:
-        """Step size at step t."""
-        return self.a * (self.b + t) ** (-self.c)
 
 
 @dataclass_state
