@@ -45,14 +45,15 @@ Cost: nutpie's numba gradient of the logistic models takes about 130 ns a row on
 5 ns), so nutpie on ``noncentred_logistic_1000`` takes about 3 s an iteration (one chain of
 150 + 100 took 742 s; the default 2 x 2,000 would take over 3 hours) and on
 ``noncentred_logistic_200`` about 0.6 s. ``results/hierarchical_groups.json`` holds (see its
-``models`` entries) runs of three commits, each model's samplers on one commit, one after the
-other: ``crossed_normal`` from an earlier commit's run of ``--models centred_poisson crossed_normal
-noncentred_logistic_200 --timeout 900`` (the others since rerun); ``--models centred_poisson
---timeout 900`` (5 minutes); ``noncentred_logistic_200`` and ``noncentred_logistic_1000`` each
-against the exact group step (``--exact-reference``): its run and each of ours made first as
-``--child`` processes, their JSON lines saved, then ``--models MODEL --samplers ... --nutpie-draws
-MODEL=TUNE:DRAWS --exact-reference MODEL --reuse SAMPLER=FILE ...`` (the exact run took 41 minutes
-at 1e6 rows, 2 x (400 + 1,500); nutpie 2 x (100 + 100) there, 2 x (150 + 150) at 2e5). ``--quick``
+``models`` entries) our samplers' runs on one commit, made by three invocations one after the
+other: ``--models centred_poisson crossed_normal --timeout 1200`` (7 minutes, nutpie and its
+reference included); ``--models noncentred_logistic_1000 --samplers austerity barker
+--nutpie-draws noncentred_logistic_1000=100:100 --exact-reference noncentred_logistic_1000
+--reuse nutpie=FILE exact=FILE``; and ``--models noncentred_logistic_200 --nutpie-draws
+noncentred_logistic_200=150:150 --exact-reference noncentred_logistic_200 --reuse exact=FILE``.
+The reused runs are JSON lines that ``--child`` processes printed on an earlier commit: the
+exact group step's (41 minutes at 1e6 rows, 2 x (400 + 1,500); 7 minutes at 2e5) and nutpie's
+on the 1,000-group model (2 x (100 + 100), 509 s); nutpie ran afresh on the others. ``--quick``
 is a smoke test (groups / 10, rows / 50, short chains; about 5 minutes for the four models). Writes
 ``results/hierarchical_groups.json`` (``--quick``: ``results/hierarchical_groups_quick.json``);
 models not run keep their earlier results there.
