@@ -161,8 +161,12 @@ def _exact_hyperparameters(group: np.ndarray, y: np.ndarray) -> dict[str, tuple[
     }
 
 
-@pytest.mark.parametrize("form", ["centred", "non_centred"])
+@pytest.mark.parametrize("form", ["centred", "non_centred", "inline"])
 def test_gaussian_hierarchy_hyperparameters_match_the_exact_posterior(form):
+    # "inline" writes the non-centred rows as mu + sd * z[g]: the gather-sinking rewrite
+    # (model/grouped_rows.sink_gathers) makes mu and sd hyperparameters, as in "non_centred";
+    # before it they were coefficients every row reads, moved with z held, and their chains
+    # crawled (min ESS of sd far below the 400 asserted here).
     group, y = _gaussian_data()
     with pm.Model(coords={"group": range(len(GAUSSIAN_SIZES))}):
         index = pm.Data("g", group)
@@ -173,8 +177,14 @@ def test_gaussian_hierarchy_hyperparameters_match_the_exact_posterior(form):
         else:
             z = pm.Normal("z", 0.0, 1.0, dims="group")
             a = mu + sd * z
-        pm.Normal("y", a[index], 1.0, observed=y)
+        if form == "inline":
+            pm.Normal("y", mu + sd * z[index], 1.0, observed=y)
+        else:
+            pm.Normal("y", a[index], 1.0, observed=y)
         step = GroupEffectsMH()
+        if form != "centred":
+            # mu and sd (log) are hyperparameters, read by no row directly.
+            assert step.functions.direct_coordinates.size == 0
         idata = pm.sample(
             tune=1_000,
             draws=4_000,
@@ -197,14 +207,18 @@ def test_gaussian_hierarchy_hyperparameters_match_the_exact_posterior(form):
 
 
 def test_variable_read_directly_and_inside_the_groups_parameters_is_refused():
-    """``mu`` in ``mu + a[g]`` with ``a = mu + sd * z``: its moves would change the rows."""
+    """``mu`` in ``mu * x + a[g]`` with ``a = mu + sd * z``: its moves would change the rows.
+
+    (``mu + a[g]`` is accepted: the rows read ``mu`` only through ``(mu + a)[g]``.)
+    """
     group, y = _poisson_groups()
+    x = np.linspace(-1.0, 1.0, group.size)
     with pm.Model(coords={"group": range(len(SIZES))}):
         index = pm.Data("g", group)
         mu = pm.Normal("mu", 0.0, 1.0)
         z = pm.Normal("z", 0.0, 1.0, dims="group")
         a = mu + 0.5 * z
-        pm.Poisson("y", pm.math.exp(mu + a[index]), observed=y)
+        pm.Poisson("y", pm.math.exp(mu * x + a[index]), observed=y)
         with pytest.raises(ValueError, match="read both directly and inside"):
             GroupEffectsMH()
 
@@ -376,7 +390,11 @@ def test_crossed_factors_and_an_intercept_match_the_exact_gaussian_posterior():
         intercept = pm.Normal("intercept", 0.0, 2.0)
         u = pm.Normal("u", 0.0, TAU_SITE, dims="site")
         v = pm.Normal("v", 0.0, TAU_YEAR, dims="year")
-        pm.Normal("y", intercept + u[site_index] + v[year_index], 1.0, observed=y)
+        # In this order the rows read the intercept beside the sum of two gathers, which no
+        # rewrite moves inside a table (``intercept + u[site]`` would become
+        # ``(intercept + u)[site]``, a hyperparameter of the site factor, moved by the
+        # hyperparameters' walk along the same ridge): the ridge move is what this tests.
+        pm.Normal("y", u[site_index] + v[year_index] + intercept, 1.0, observed=y)
         # Batches of 5 rows: every group's test is sampled, so the cross terms decide.
         step = GroupEffectsMH(batch_size=5)
         idata = pm.sample(

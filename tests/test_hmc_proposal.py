@@ -24,7 +24,7 @@ from scipy.special import ndtri
 import pymc_subsample as pms
 from pymc_subsample.kernels import HamiltonianProposal, leapfrog
 from pymc_subsample.kernels.barker import BarkerDecision
-from pymc_subsample.step_methods import base as step_base
+from pymc_subsample.step_methods import proposal_choice
 from pymc_subsample.step_methods.acceptance_tests.barker import BarkerTest
 from pymc_subsample.step_methods.proposal_parts import hamiltonian
 
@@ -134,7 +134,7 @@ def test_minibatch_gradient_with_a_control_variate_stays_exact(monkeypatch, cont
     # 50 rows per trajectory's gradient (of 3,000), not resized during tuning: a noisy
     # gradient with taylor1, still a valid proposal; with taylor2 (exact here, below) the same
     # run checks the bookkeeping.
-    monkeypatch.setattr(step_base, "TRAJECTORY_GRADIENT_ROWS", 50)
+    monkeypatch.setattr(proposal_choice, "TRAJECTORY_GRADIENT_ROWS", 50)
     monkeypatch.setattr(hamiltonian, "TRAJECTORY_GRADIENT_ROWS", 50)
     monkeypatch.setattr(hamiltonian, "GRADIENT_CHECKPOINTS", ())
     model, mean, cov = correlated_regression(3000, seed=7)
@@ -158,7 +158,7 @@ def test_second_order_gradient_estimate_is_exact_on_a_gaussian_likelihood(monkey
     # first-order expansion at the reference, so the taylor2 estimate from 50 of 3,000 rows is
     # the exact gradient at any point (to rounding), and the taylor1 one is not (the check
     # that the comparison can fail). Dropping the Hessian-vector product term breaks it.
-    monkeypatch.setattr(step_base, "TRAJECTORY_GRADIENT_ROWS", 50)
+    monkeypatch.setattr(proposal_choice, "TRAJECTORY_GRADIENT_ROWS", 50)
     monkeypatch.setattr(hamiltonian, "TRAJECTORY_GRADIENT_ROWS", 50)
     model, _, cov = correlated_regression(3000, seed=8)
     rng = np.random.default_rng(0)

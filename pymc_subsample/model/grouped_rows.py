@@ -30,7 +30,9 @@ from pytensor.graph.basic import Constant, Variable
 from pytensor.graph.replace import clone_replace
 from pytensor.graph.rewriting.utils import rewrite_graph
 from pytensor.graph.traversal import ancestors, toposort
+from pytensor.scalar import basic as ps
 from pytensor.tensor import subtensor
+from pytensor.tensor.elemwise import Elemwise
 from pytensor.tensor.subtensor import AdvancedSubtensor, Subtensor, indices_from_subtensor
 from pytensor.tensor.variable import TensorVariable
 
@@ -41,6 +43,7 @@ __all__ = [
     "GroupedRows",
     "find_grouped_rows",
     "reads_a_group_index",
+    "sink_gathers",
     "per_row_derivatives_graph",
     "table_derivatives_graph",
     "table_curvature_graph",
@@ -125,6 +128,7 @@ def find_grouped_rows(
     v0 : ndarray
         A value of ``vector``, where the tables' shapes are read (one uncompiled evaluation).
     """
+    rows_logp = sink_gathers(rows_logp, vector, row_inputs)
     rows = set(row_inputs)
     of_vector: set[Variable] = {vector}
     of_rows: set[Variable] = set(rows)
@@ -180,6 +184,98 @@ def find_grouped_rows(
     )
     direct = _directly_read_coordinates(rewritten, vector)
     return GroupedRows(vector, rewritten, tuple(row_inputs), tuple(gathers), direct)
+
+
+def sink_gathers(
+    rows_logp: TensorVariable, vector: TensorVariable, row_inputs: Sequence[TensorVariable]
+) -> TensorVariable:
+    """Move parameters read beside a gather inside it: ``mu + tau * z[g]`` -> ``(mu + tau * z)[g]``.
+
+    An elementwise operation of one gather ``T[g]`` and of tensors of ``vector`` alone that are
+    constant along the rows (size 1 on their first axis: scalars such as a hierarchy's mean
+    and scale) gives row i the same value as the operation on the table, read at ``g_i``. So a
+    non-centred hierarchy written inline, ``mu + tau * z[g] + beta * x``, reads ``mu`` and
+    ``tau`` only through its groups' parameters, as ``a = mu + tau * z; a[g]`` does: they are
+    hyperparameters, not coefficients every row reads (``docs/architecture.md``, "Grouped
+    rows"). A sum or product that also reads the rows is split: ``(mu + tau * z)[g] + beta *
+    x``. Applied until no such operation is left; the rows' values are unchanged.
+    """
+    rows: set[Variable] = set(row_inputs)
+    for _ in range(_SINK_ROUNDS):
+        replacement = _first_sinkable(rows_logp, vector, rows)
+        if replacement is None:
+            return rows_logp
+        old, new = replacement
+        rows_logp = cast(
+            TensorVariable, clone_replace(rows_logp, replace={old: new}, rebuild_strict=False)
+        )
+    return rows_logp
+
+
+#: Most sinks :func:`sink_gathers` makes (each one operation of a row's expression).
+_SINK_ROUNDS = 64
+
+
+def _first_sinkable(
+    rows_logp: TensorVariable, vector: TensorVariable, rows: set[Variable]
+) -> tuple[Variable, Variable] | None:
+    """Return the first operation :func:`sink_gathers` can move inside a gather, and its sink."""
+    of_vector: set[Variable] = {vector}
+    of_rows: set[Variable] = set(rows)
+    gathers: dict[Variable, tuple[Variable, Variable]] = {}
+    for node in toposort([rows_logp]):
+        if (
+            _is_first_axis_gather(node)
+            and node.inputs[0] in of_vector
+            and node.inputs[0] not in of_rows
+            and node.inputs[1] in of_rows
+            and node.inputs[1] not in of_vector
+        ):
+            gathers[node.outputs[0]] = (node.inputs[0], node.inputs[1])
+        elif isinstance(node.op, Elemwise) and len(node.outputs) == 1:
+            sunk = _sink(node, gathers, of_vector, of_rows)
+            if sunk is not None:
+                return node.outputs[0], sunk
+        if any(inp in of_rows for inp in node.inputs):
+            of_rows.update(node.outputs)
+        if any(inp in of_vector for inp in node.inputs):
+            of_vector.update(node.outputs)
+    return None
+
+
+def _sink(
+    node: Any,
+    gathers: dict[Variable, tuple[Variable, Variable]],
+    of_vector: set[Variable],
+    of_rows: set[Variable],
+) -> Variable | None:
+    """``node``'s output with its gather moved outside, or None where it cannot be."""
+    read = [inp for inp in node.inputs if inp in gathers]
+    if len(read) != 1:  # two tables may differ in length: leave them two gathers
+        return None
+    (gathered,) = read
+    params = [
+        inp
+        for inp in node.inputs
+        if inp is not gathered
+        and inp not in of_rows
+        and inp.type.broadcastable[:1] == (True,)
+        and inp.ndim == gathered.ndim
+    ]
+    others = [
+        inp for inp in node.inputs if inp is not gathered and not any(inp is p for p in params)
+    ]
+    if not params:
+        return None
+    if others and not (isinstance(node.op.scalar_op, (ps.Add, ps.Mul)) and len(node.inputs) > 2):
+        return None
+    table, index = gathers[gathered]
+    # The table's cells keep their shape; the parameters broadcast over its groups.
+    inner = [table if inp is gathered else inp for inp in node.inputs if inp not in others]
+    sunk = cast(TensorVariable, node.op(*inner))[index]
+    if not others:
+        return sunk
+    return cast(Variable, node.op(sunk, *others))
 
 
 #: PyTensor 2 (PyMC 5) also has ``AdvancedSubtensor1``, the one-index gather; PyTensor 3 folds
