@@ -390,11 +390,10 @@ def test_crossed_factors_and_an_intercept_match_the_exact_gaussian_posterior():
         intercept = pm.Normal("intercept", 0.0, 2.0)
         u = pm.Normal("u", 0.0, TAU_SITE, dims="site")
         v = pm.Normal("v", 0.0, TAU_YEAR, dims="year")
-        # In this order the rows read the intercept beside the sum of two gathers, which no
-        # rewrite moves inside a table (``intercept + u[site]`` would become
-        # ``(intercept + u)[site]``, a hyperparameter of the site factor, moved by the
-        # hyperparameters' walk along the same ridge): the ridge move is what this tests.
-        pm.Normal("y", u[site_index] + v[year_index] + intercept, 1.0, observed=y)
+        # With two factors no parameter is moved inside a gather (``sink_gathers``): inside
+        # the site factor's table the intercept would move along its ridge with u only, and
+        # the chain would stick on its ridge with v.
+        pm.Normal("y", intercept + u[site_index] + v[year_index], 1.0, observed=y)
         # Batches of 5 rows: every group's test is sampled, so the cross terms decide.
         step = GroupEffectsMH(batch_size=5)
         idata = pm.sample(

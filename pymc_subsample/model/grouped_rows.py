@@ -198,9 +198,17 @@ def sink_gathers(
     ``tau`` only through its groups' parameters, as ``a = mu + tau * z; a[g]`` does: they are
     hyperparameters, not coefficients every row reads (``docs/architecture.md``, "Grouped
     rows"). A sum or product that also reads the rows is split: ``(mu + tau * z)[g] + beta *
-    x``. Applied until no such operation is left; the rows' values are unchanged.
+    x``. Applied until no such operation is left, and only where every gather reads one group
+    index (one grouping factor; with crossed factors the graph is returned as it is); the
+    rows' values are unchanged.
     """
     rows: set[Variable] = set(row_inputs)
+    if len(_gather_indices(rows_logp, vector, rows)) != 1:
+        # Crossed factors: the rows read an intercept beside two gathers, and the ridge moves
+        # along both (``step_methods/group_moves.py``) need it read directly; inside one
+        # factor's table it would move along that factor's ridge only, and the chain stuck on
+        # the other's (an intercept 11 sds off on a crossed benchmark model).
+        return rows_logp
     for _ in range(_SINK_ROUNDS):
         replacement = _first_sinkable(rows_logp, vector, rows)
         if replacement is None:
@@ -210,6 +218,34 @@ def sink_gathers(
             TensorVariable, clone_replace(rows_logp, replace={old: new}, rebuild_strict=False)
         )
     return rows_logp
+
+
+def _gather_indices(
+    rows_logp: TensorVariable, vector: TensorVariable, rows: set[Variable]
+) -> set[Variable]:
+    """Return the distinct group indices of the rows' gathers (one per grouping factor)."""
+    of_vector: set[Variable] = {vector}
+    of_rows: set[Variable] = set(rows)
+    indices: set[Variable] = set()
+    for node in toposort([rows_logp]):
+        if _is_gather_of(node, of_vector, of_rows):
+            indices.add(node.inputs[1])
+        if any(inp in of_rows for inp in node.inputs):
+            of_rows.update(node.outputs)
+        if any(inp in of_vector for inp in node.inputs):
+            of_vector.update(node.outputs)
+    return indices
+
+
+def _is_gather_of(node: Any, of_vector: set[Variable], of_rows: set[Variable]) -> bool:
+    """Whether ``node`` gathers a table of the vector alone by an index of the rows alone."""
+    return bool(
+        _is_first_axis_gather(node)
+        and node.inputs[0] in of_vector
+        and node.inputs[0] not in of_rows
+        and node.inputs[1] in of_rows
+        and node.inputs[1] not in of_vector
+    )
 
 
 #: Most sinks :func:`sink_gathers` makes (each one operation of a row's expression).
@@ -224,13 +260,7 @@ def _first_sinkable(
     of_rows: set[Variable] = set(rows)
     gathers: dict[Variable, tuple[Variable, Variable]] = {}
     for node in toposort([rows_logp]):
-        if (
-            _is_first_axis_gather(node)
-            and node.inputs[0] in of_vector
-            and node.inputs[0] not in of_rows
-            and node.inputs[1] in of_rows
-            and node.inputs[1] not in of_vector
-        ):
+        if _is_gather_of(node, of_vector, of_rows):
             gathers[node.outputs[0]] = (node.inputs[0], node.inputs[1])
         elif isinstance(node.op, Elemwise) and len(node.outputs) == 1:
             sunk = _sink(node, gathers, of_vector, of_rows)
