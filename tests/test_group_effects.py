@@ -223,6 +223,43 @@ def test_variable_read_directly_and_inside_the_groups_parameters_is_refused():
             GroupEffectsMH()
 
 
+def test_a_scale_read_inside_and_beside_the_groups_is_a_shared_coefficient():
+    """``sigma`` in ``Normal(mu + sigma * z[g], sigma)``: read by every row as the noise too.
+
+    Moved inside the gather, ``(mu + sigma * z)[g]``, it would be read both there and directly
+    (refused); the rows as written, with ``mu`` and ``sigma`` coefficients every row reads,
+    have the structure, and the step builds on them.
+    """
+    group, y = _gaussian_data()
+    with pm.Model(coords={"group": range(len(GAUSSIAN_SIZES))}):
+        index = pm.Data("g", group)
+        mu = pm.Normal("mu", 0.0, 2.0)
+        sigma = pm.HalfNormal("sigma", 1.0)
+        z = pm.Normal("z", 0.0, 1.0, dims="group")
+        pm.Normal("y", mu + sigma * z[index], sigma, observed=y)
+        step = GroupEffectsMH()
+    assert step.functions.direct_coordinates.size == 2  # mu and sigma's log
+
+
+def test_a_scale_read_inside_a_table_and_by_every_row_is_refused():
+    """``a = mu + sigma * z; Normal(a[g], sigma)``: the table and the rows both read ``sigma``.
+
+    Before, the check looked for the variables a table reads at the start, where every ``z``
+    is 0 and ``sigma`` drops out of ``mu + sigma * z``: it took ``sigma`` for a coefficient
+    the table does not read, and its moves held the table's old values.
+    """
+    group, y = _gaussian_data()
+    with pm.Model(coords={"group": range(len(GAUSSIAN_SIZES))}):
+        index = pm.Data("g", group)
+        mu = pm.Normal("mu", 0.0, 2.0)
+        sigma = pm.HalfNormal("sigma", 1.0)
+        z = pm.Normal("z", 0.0, 1.0, dims="group")
+        a = mu + sigma * z
+        pm.Normal("y", a[index], sigma, observed=y)
+        with pytest.raises(ValueError, match="read both directly and inside"):
+            GroupEffectsMH()
+
+
 def test_model_without_groups_is_refused():
     rng = np.random.default_rng(0)
     with pm.Model():

@@ -126,24 +126,21 @@ def group_effect_functions(
     grouped = find_grouped_rows(rows_q, q, row_inputs, q0)
     if grouped is None:
         return NO_GROUP_INDEX
+    refusal = _structure_refusal(grouped, var_layout, q0)
+    if refusal is not None:
+        # Moving a parameter inside a gather (``sink_gathers``) can leave it read both there
+        # and directly (``sigma`` in ``Normal(mu + sigma * z[g], sigma)``): the rows as
+        # written, with it a coefficient every row reads, may still have the structure.
+        plain = find_grouped_rows(rows_q, q, row_inputs, q0, sink=False)
+        if plain is None or _structure_refusal(plain, var_layout, q0) is not None:
+            return refusal
+        grouped = plain
     factors = _factors(grouped, var_layout, q0)
-    if isinstance(factors, str):
-        return factors
+    assert not isinstance(factors, str)  # checked by _structure_refusal
     direct = grouped.direct
     grouped_coordinates = np.concatenate([f.coordinates.ravel() for f in factors])
-    if np.intersect1d(direct, grouped_coordinates).size:
-        return "the likelihood reads a group effect directly, not only through its group index"
     free = np.setdiff1d(np.arange(q0.size), grouped_coordinates).astype("int64")
     free = np.setdiff1d(free, direct).astype("int64")
-    if any(f.reads_hyperparameters for f in factors) and direct.size:
-        # A hyperparameter read by a table must not be read directly: its moves hold the
-        # groups' parameters fixed, so that the rows do not change.
-        table_free = _coordinates_read_by_tables(grouped, var_layout, q0)
-        if np.intersect1d(table_free, direct).size:
-            return (
-                "a variable is read both directly and inside the group parameters (as mu in "
-                "mu + a[g] with a = mu + sd * z)"
-            )
     tables = [gather.table for gather in grouped.gathers]
     probe = pytensor.function(
         [q], [*prior_terms, prior_q, *tables], mode="FAST_COMPILE", on_unused_input="ignore"
@@ -175,6 +172,31 @@ def group_effect_functions(
         cell_shapes=tuple(tuple(int(d) for d in c.type.shape[1:]) for c in cells),
         cell_dtypes=tuple(str(c.dtype) for c in cells),
     )
+
+
+def _structure_refusal(
+    grouped: GroupedRows,
+    var_layout: Sequence[tuple[str, tuple[int, ...]]],
+    q0: np.ndarray,
+) -> str | None:
+    """Why the grouped rows do not factorise over groups, in the user's words; None if they do."""
+    factors = _factors(grouped, var_layout, q0)
+    if isinstance(factors, str):
+        return factors
+    direct = grouped.direct
+    grouped_coordinates = np.concatenate([f.coordinates.ravel() for f in factors])
+    if np.intersect1d(direct, grouped_coordinates).size:
+        return "the likelihood reads a group effect directly, not only through its group index"
+    if any(f.reads_hyperparameters for f in factors) and direct.size:
+        # A hyperparameter read by a table must not be read directly: its moves hold the
+        # groups' parameters fixed, so that the rows do not change.
+        table_free = _coordinates_read_by_tables(grouped, var_layout, q0)
+        if np.intersect1d(table_free, direct).size:
+            return (
+                "a variable is read both directly and inside the group parameters (as mu in "
+                "mu * x + a[g] with a = mu + sd * z)"
+            )
+    return None
 
 
 def _coordinates_read_by_tables(
@@ -265,16 +287,21 @@ def _variables_read(
     var_layout: Sequence[tuple[str, tuple[int, ...]]],
     q0: np.ndarray,
 ) -> list[int]:
-    """Step variables a table depends on, by moving each variable's slice of ``q``."""
+    """Step variables a table depends on, by moving each variable's slice of ``q``.
+
+    From a point moved off ``q0`` in every coordinate: at ``q0`` itself a product can hide a
+    factor (``sigma`` in ``mu + sigma * z`` where every ``z`` starts at 0).
+    """
     if q not in set(ancestors([table])):
         return []
     function = pytensor.function([q], table, mode="FAST_COMPILE", on_unused_input="ignore")
-    base = np.asarray(function(q0))
-    read = []
     rng = np.random.default_rng(0)
+    start_point = q0 + rng.uniform(0.1, 0.2, size=q0.shape)
+    base = np.asarray(function(start_point))
+    read = []
     for v, start in enumerate(variable_offsets(var_layout)):
         size = int(np.prod(var_layout[v][1], dtype=int))
-        moved = q0.copy()
+        moved = start_point.copy()
         moved[start : start + size] += rng.uniform(0.1, 0.2, size=size)
         if not np.array_equal(np.asarray(function(moved)), base):
             read.append(v)

@@ -109,6 +109,7 @@ def find_grouped_rows(
     vector: TensorVariable,
     row_inputs: Sequence[TensorVariable],
     v0: np.ndarray,
+    sink: bool = True,
 ) -> GroupedRows | None:
     """Find the gathers ``table[index]`` of the rows' graph and rewrite it on their cells.
 
@@ -127,8 +128,11 @@ def find_grouped_rows(
         The row placeholders.
     v0 : ndarray
         A value of ``vector``, where the tables' shapes are read (one uncompiled evaluation).
+    sink : bool, default True
+        First move the parameters read beside a gather inside it (:func:`sink_gathers`).
     """
-    rows_logp = sink_gathers(rows_logp, vector, row_inputs)
+    if sink:
+        rows_logp = sink_gathers(rows_logp, vector, row_inputs)
     rows = set(row_inputs)
     of_vector: set[Variable] = {vector}
     of_rows: set[Variable] = set(rows)
