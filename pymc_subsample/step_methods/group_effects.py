@@ -58,7 +58,7 @@ RECENTRE_AT = (10, 50, 200)
 #: lie in its tail, and an expansion there misjudges the group's curvature, which the Newton
 #: proposal then reads (too narrow a proposal holds a chain; on the centred Poisson benchmark
 #: model the expansion at the mean raised the min ESS of ``MinibatchBarkerMH()`` on 3 seeds
-#: from 304-934 to 1,002-1,077 in 2 x 2,000 draws, of ``AusterityMH()`` from 2,168-2,243 to
+#: from 304-934 to 1,002-1,070 in 2 x 2,000 draws, of ``AusterityMH()`` from 2,168-2,243 to
 #: 2,646-2,707).
 MEAN_FROM = RECENTRE_AT[1]
 #: Newton steps of the expansion point at a chain's start, at most, and the move (in
