@@ -48,9 +48,10 @@ Cost: nutpie's numba gradient of the logistic models takes about 130 ns a row on
 ``models`` entries) our samplers' runs on two commits, made by four invocations one after the
 other: ``--models centred_poisson crossed_normal --timeout 1200`` (7 minutes, nutpie and its
 reference included; ``crossed_normal`` again with ``--models crossed_normal`` on the commit
-that moves parameters into gathers, which leaves its graph as it is: the same draws); ``--models noncentred_logistic_1000 --samplers austerity barker
---nutpie-draws noncentred_logistic_1000=100:100 --exact-reference noncentred_logistic_1000
---reuse nutpie=FILE exact=FILE``; and ``--models noncentred_logistic_200 --nutpie-draws
+that moves parameters into gathers, which leaves its graph as it is: the same draws);
+``--models noncentred_logistic_1000 --samplers austerity barker --nutpie-draws
+noncentred_logistic_1000=100:100 --exact-reference noncentred_logistic_1000 --reuse
+nutpie=FILE exact=FILE``; and ``--models noncentred_logistic_200 --nutpie-draws
 noncentred_logistic_200=150:150 --exact-reference noncentred_logistic_200 --reuse exact=FILE``.
 The reused runs are JSON lines that ``--child`` processes printed on an earlier commit: the
 exact group step's (41 minutes at 1e6 rows, 2 x (400 + 1,500); 7 minutes at 2e5) and nutpie's
