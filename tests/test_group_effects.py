@@ -47,6 +47,15 @@ def _poisson_groups(seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     return group, rng.poisson(np.exp(effect[group]))
 
 
+def _poisson_model(group: np.ndarray, y: np.ndarray) -> pm.Model:
+    """Each group's effect ``a ~ Normal(0.5, 1)``, Poisson counts at rate ``exp(a[g])``."""
+    with pm.Model(coords={"group": range(len(SIZES))}) as model:
+        index = pm.Data("g", group)
+        a = pm.Normal("a", 0.5, 1.0, dims="group")
+        pm.Poisson("y", pm.math.exp(a[index]), observed=y)
+    return model
+
+
 def _quadrature(y: np.ndarray, group: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     grid = np.linspace(-8.0, 8.0, 200_001)
     means, sds = [], []
@@ -64,11 +73,8 @@ def _quadrature(y: np.ndarray, group: np.ndarray) -> tuple[np.ndarray, np.ndarra
 @pytest.mark.parametrize("test", ["t", "barker"])
 def test_poisson_groups_match_quadrature(test):
     group, y = _poisson_groups()
-    with pm.Model(coords={"group": range(len(SIZES))}):
-        index = pm.Data("g", group)
-        a = pm.Normal("a", 0.5, 1.0, dims="group")
-        pm.Poisson("y", pm.math.exp(a[index]), observed=y)
-        step = GroupEffectsMH([a], test=test)
+    with _poisson_model(group, y) as model:
+        step = GroupEffectsMH([model["a"]], test=test)
         idata = pm.sample(
             tune=300,
             draws=2_000,
@@ -103,11 +109,8 @@ def test_last_tuning_expansion_is_at_the_mean_of_the_draws_before_it():
     from pymc_subsample.step_methods.group_effects import MEAN_FROM, RECENTRE_AT
 
     group, y = _poisson_groups()
-    with pm.Model(coords={"group": range(len(SIZES))}):
-        index = pm.Data("g", group)
-        a = pm.Normal("a", 0.5, 1.0, dims="group")
-        pm.Poisson("y", pm.math.exp(a[index]), observed=y)
-        step = GroupEffectsMH([a], rng=3)
+    with _poisson_model(group, y) as model:
+        step = GroupEffectsMH([model["a"]], rng=3)
         q = DictToArrayBijection.map({"a": np.full(len(SIZES), 0.5)})
     points = []
     for _ in range(RECENTRE_AT[-1] + 1):
@@ -494,10 +497,7 @@ def test_groups_read_whole_warn_that_full_data_is_faster():
 def test_error_tolerance_zero_reads_every_group_whole_without_stages():
     """Exact Metropolis-within-Gibbs: each group read once, whole, and no cost warning."""
     group, y = _poisson_groups()
-    with pm.Model(coords={"group": range(len(SIZES))}):
-        index = pm.Data("g", group)
-        a = pm.Normal("a", 0.5, 1.0, dims="group")
-        pm.Poisson("y", pm.math.exp(a[index]), observed=y)
+    with _poisson_model(group, y):
         with warnings.catch_warnings():
             warnings.simplefilter("error", pms.SubsampleWarning)
             idata = pm.sample(

@@ -126,17 +126,18 @@ def group_effect_functions(
     grouped = find_grouped_rows(rows_q, q, row_inputs, q0)
     if grouped is None:
         return NO_GROUP_INDEX
-    refusal = _structure_refusal(grouped, var_layout, q0)
-    if refusal is not None:
+    factors = _checked_factors(grouped, var_layout, q0)
+    if isinstance(factors, str):
         # Moving a parameter inside a gather (``sink_gathers``) can leave it read both there
         # and directly (``sigma`` in ``Normal(mu + sigma * z[g], sigma)``): the rows as
         # written, with it a coefficient every row reads, may still have the structure.
         plain = find_grouped_rows(rows_q, q, row_inputs, q0, sink=False)
-        if plain is None or _structure_refusal(plain, var_layout, q0) is not None:
-            return refusal
-        grouped = plain
-    factors = _factors(grouped, var_layout, q0)
-    assert not isinstance(factors, str)  # checked by _structure_refusal
+        if plain is None:
+            return factors
+        plain_factors = _checked_factors(plain, var_layout, q0)
+        if isinstance(plain_factors, str):
+            return factors
+        grouped, factors = plain, plain_factors
     direct = grouped.direct
     grouped_coordinates = np.concatenate([f.coordinates.ravel() for f in factors])
     free = np.setdiff1d(np.arange(q0.size), grouped_coordinates).astype("int64")
@@ -174,12 +175,12 @@ def group_effect_functions(
     )
 
 
-def _structure_refusal(
+def _checked_factors(
     grouped: GroupedRows,
     var_layout: Sequence[tuple[str, tuple[int, ...]]],
     q0: np.ndarray,
-) -> str | None:
-    """Why the grouped rows do not factorise over groups, in the user's words; None if they do."""
+) -> tuple[GroupFactor, ...] | str:
+    """Return the grouping factors, or why the rows do not factorise over groups (user words)."""
     factors = _factors(grouped, var_layout, q0)
     if isinstance(factors, str):
         return factors
@@ -196,7 +197,7 @@ def _structure_refusal(
                 "a variable is read both directly and inside the group parameters (as mu in "
                 "mu * x + a[g] with a = mu + sd * z)"
             )
-    return None
+    return factors
 
 
 def _coordinates_read_by_tables(

@@ -19,7 +19,7 @@ rule through ``psi_i = P_i(v)`` gives back the sums in ``v`` (``model/grouped_su
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple, cast
 
 import numpy as np
@@ -133,24 +133,14 @@ def find_grouped_rows(
     """
     if sink:
         rows_logp = sink_gathers(rows_logp, vector, row_inputs)
-    rows = set(row_inputs)
-    of_vector: set[Variable] = {vector}
-    of_rows: set[Variable] = set(rows)
-    found: dict[Variable, tuple[TensorVariable, TensorVariable]] = {}
-    for node in toposort([rows_logp]):
-        if _is_first_axis_gather(node) and node.inputs[0] in of_vector:
-            table, index = node.inputs[0], node.inputs[1]
-            if index in of_rows and index not in of_vector and table not in of_rows:
-                found[node.outputs[0]] = (
-                    cast(TensorVariable, table),
-                    cast(TensorVariable, index),
-                )
-                of_rows.update(node.outputs)
-                continue
-        if any(inp in of_rows for inp in node.inputs):
-            of_rows.update(node.outputs)
-        if any(inp in of_vector for inp in node.inputs):
-            of_vector.update(node.outputs)
+    found: dict[Variable, tuple[TensorVariable, TensorVariable]] = {
+        node.outputs[0]: (
+            cast(TensorVariable, node.inputs[0]),
+            cast(TensorVariable, node.inputs[1]),
+        )
+        for node, is_gather, _ in _walk(rows_logp, vector, set(row_inputs))
+        if is_gather
+    }
     if not found:
         return None
     shapes = pytensor.function(
@@ -228,28 +218,34 @@ def _gather_indices(
     rows_logp: TensorVariable, vector: TensorVariable, rows: set[Variable]
 ) -> set[Variable]:
     """Return the distinct group indices of the rows' gathers (one per grouping factor)."""
+    return {node.inputs[1] for node, is_gather, _ in _walk(rows_logp, vector, rows) if is_gather}
+
+
+def _walk(
+    rows_logp: TensorVariable, vector: TensorVariable, rows: set[Variable]
+) -> Iterator[tuple[Any, bool, set[Variable]]]:
+    """Yield each node of the rows' graph in order, whether it is a gather, and what reads rows.
+
+    A gather indexes the first axis of a tensor of ``vector`` alone by an integer vector of
+    the rows alone (``effect[group_index]``). With each node come the variables computed so
+    far from the rows (its outputs are added after it is yielded).
+    """
     of_vector: set[Variable] = {vector}
     of_rows: set[Variable] = set(rows)
-    indices: set[Variable] = set()
     for node in toposort([rows_logp]):
-        if _is_gather_of(node, of_vector, of_rows):
-            indices.add(node.inputs[1])
-        if any(inp in of_rows for inp in node.inputs):
+        inputs = node.inputs
+        is_gather = bool(
+            _is_first_axis_gather(node)
+            and inputs[0] in of_vector
+            and inputs[0] not in of_rows
+            and inputs[1] in of_rows
+            and inputs[1] not in of_vector
+        )
+        yield node, is_gather, of_rows
+        if is_gather or any(inp in of_rows for inp in inputs):
             of_rows.update(node.outputs)
-        if any(inp in of_vector for inp in node.inputs):
+        if not is_gather and any(inp in of_vector for inp in inputs):
             of_vector.update(node.outputs)
-    return indices
-
-
-def _is_gather_of(node: Any, of_vector: set[Variable], of_rows: set[Variable]) -> bool:
-    """Whether ``node`` gathers a table of the vector alone by an index of the rows alone."""
-    return bool(
-        _is_first_axis_gather(node)
-        and node.inputs[0] in of_vector
-        and node.inputs[0] not in of_rows
-        and node.inputs[1] in of_rows
-        and node.inputs[1] not in of_vector
-    )
 
 
 #: Most sinks :func:`sink_gathers` makes (each one operation of a row's expression).
@@ -260,28 +256,19 @@ def _first_sinkable(
     rows_logp: TensorVariable, vector: TensorVariable, rows: set[Variable]
 ) -> tuple[Variable, Variable] | None:
     """Return the first operation :func:`sink_gathers` can move inside a gather, and its sink."""
-    of_vector: set[Variable] = {vector}
-    of_rows: set[Variable] = set(rows)
     gathers: dict[Variable, tuple[Variable, Variable]] = {}
-    for node in toposort([rows_logp]):
-        if _is_gather_of(node, of_vector, of_rows):
+    for node, is_gather, of_rows in _walk(rows_logp, vector, rows):
+        if is_gather:
             gathers[node.outputs[0]] = (node.inputs[0], node.inputs[1])
         elif isinstance(node.op, Elemwise) and len(node.outputs) == 1:
-            sunk = _sink(node, gathers, of_vector, of_rows)
+            sunk = _sink(node, gathers, of_rows)
             if sunk is not None:
                 return node.outputs[0], sunk
-        if any(inp in of_rows for inp in node.inputs):
-            of_rows.update(node.outputs)
-        if any(inp in of_vector for inp in node.inputs):
-            of_vector.update(node.outputs)
     return None
 
 
 def _sink(
-    node: Any,
-    gathers: dict[Variable, tuple[Variable, Variable]],
-    of_vector: set[Variable],
-    of_rows: set[Variable],
+    node: Any, gathers: dict[Variable, tuple[Variable, Variable]], of_rows: set[Variable]
 ) -> Variable | None:
     """``node``'s output with its gather moved outside, or None where it cannot be."""
     read = [inp for inp in node.inputs if inp in gathers]

@@ -397,7 +397,7 @@ class GroupEffectsMH(GroupMoves, SubsampleStepBase):
                 self._recentre(self._tuning_sum / self._tuning_count)
             else:
                 self._recentre(q)
-        if self.tune and self._draws >= MEAN_FROM:
+        if self.tune and MEAN_FROM <= self._draws < RECENTRE_AT[-1]:
             if self._draws in RECENTRE_AT:
                 self._tuning_sum, self._tuning_count = np.zeros_like(q), 0
             self._tuning_sum += q
