@@ -16,11 +16,19 @@ Statistical tests compare with exact posteriors:
   several sds.
 
 The Poisson and shared-slope cases run with both tests (``test="t"`` and ``test="barker"``,
-the step the defaults of ``AusterityMH`` and ``MinibatchBarkerMH`` build on a hierarchy).
+the step the defaults of ``AusterityMH`` and ``MinibatchBarkerMH`` build on a hierarchy); the
+Poisson case with the decisions fused into one compiled call and in Python
+(``step_methods/fused_group_path.py``).
 
 Breaking the kernel (dropping the reverse proposal's density, or the hyperparameters'
-Jacobian; in the Barker test, Gaussian noise in place of the logistic noise and correction)
-fails these tests (checked when they were written).
+Jacobian; in the Barker test, Gaussian noise in place of the logistic noise and correction;
+in the fused decisions, the t-test's threshold without the control variate's exact part, or
+Barker's estimate not scaled by the group's size) fails these tests (checked when they were
+written). Smaller breaks of the fused decisions (the threshold shifted by 0.1 log-units per
+group, Barker's correction variable left out) pass them: the groups' proposals are close to
+their conditionals, so the decisions' ``Delta_g`` are small and those breaks move the
+posterior by less than the 0.1 sd these tests detect; ``tests/test_fused_groups.py`` compares
+the fused decisions with Python's one by one.
 """
 
 from __future__ import annotations
@@ -70,11 +78,13 @@ def _quadrature(y: np.ndarray, group: np.ndarray) -> tuple[np.ndarray, np.ndarra
     return np.array(means), np.array(sds)
 
 
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "python"])
 @pytest.mark.parametrize("test", ["t", "barker"])
-def test_poisson_groups_match_quadrature(test):
+def test_poisson_groups_match_quadrature(test, fused):
     group, y = _poisson_groups()
     with _poisson_model(group, y) as model:
-        step = GroupEffectsMH([model["a"]], test=test)
+        step = GroupEffectsMH([model["a"]], test=test, fused=fused)
+        assert (step.draw_path == "fused") == fused
         idata = pm.sample(
             tune=300,
             draws=2_000,

@@ -49,6 +49,7 @@ PARTS = frozenset(
         "control",
         "defaults",
         "diagnostics",
+        "fused_group_path",
         "fused_path",
         "group_expansion",
         "group_moves",

@@ -43,11 +43,14 @@ import numpy as np
 from pymc_subsample.kernels.group_tests import GroupTest, exact_decisions, staged_decisions
 
 __all__ = [
+    "DecisionCounts",
+    "GroupDecisions",
     "GroupParts",
     "GroupQuadratic",
     "GroupRows",
     "GroupSweepInfo",
     "SharedMoveInfo",
+    "decide_on_rows",
     "group_effects_sweep",
     "group_rows",
     "model_derivatives",
@@ -235,65 +238,38 @@ class SharedMoveInfo(NamedTuple):
     shared_full_data: bool
 
 
-def group_effects_sweep(
+class DecisionCounts(NamedTuple):
+    """What a sweep's decisions read and found (``GroupSweepInfo``'s fields but the accepted)."""
+
+    n_data: int
+    n_full_groups: int
+    n_nonfinite: int
+
+
+#: ``(old, new, rest, known, log_u) -> (accept, counts)``: every group's decision, from its
+#: parts at the current and proposed effects, ``rest_g`` (the prior and proposal ratio, NaN
+#: where the proposal is not finite), ``known_g`` (``rest_g`` plus the control variate's exact
+#: part) and the t-test's ``log u`` per group.
+GroupDecisions = Callable[
+    [GroupParts, GroupParts, np.ndarray, np.ndarray, np.ndarray],
+    tuple[np.ndarray, DecisionCounts],
+]
+
+
+def decide_on_rows(
     rng: np.random.Generator,
-    q: np.ndarray,
-    coordinates: np.ndarray,
-    parts_at: Callable[[np.ndarray], GroupParts],
-    quadratic: GroupQuadratic,
     rows: GroupRows,
     row_terms: RowTerms,
     batch_size: int,
     test: GroupTest,
-) -> tuple[np.ndarray, GroupSweepInfo]:
-    """Propose new effects for every group of a factor and decide each on its own rows.
-
-    Parameters
-    ----------
-    rng : numpy.random.Generator
-        Draws the proposals, the uniforms and the rows.
-    q : ndarray
-        The step's point.
-    coordinates : ndarray
-        ``(G, k)``: group g's effects are ``q[coordinates[g]]``.
-    parts_at : callable
-        ``q -> GroupParts`` of the factor.
-    quadratic : GroupQuadratic
-        The likelihood's expansion around the reference cells.
-    rows : GroupRows
-        The factor's rows by group.
-    row_terms : callable
-        See :data:`RowTerms`.
-    batch_size : int
-        Rows read per sampled group (groups of at most this many rows are read whole).
-    test : GroupTest
-        How each group is decided (``kernels/group_tests.py``).
-
-    Returns
-    -------
-    ndarray, GroupSweepInfo
-        The new point (a new array) and what the sweep did.
-    """
-    n_groups = coordinates.shape[0]
-    parts = parts_at(q)
-    x = q[coordinates]
-    mean, vectors, values = newton_gaussian(x, *model_derivatives(parts, quadratic))
-    x_new = draw_proposal(rng, mean, vectors, values)
-    log_u = np.log(rng.uniform(size=n_groups))
-    q_new = q.copy()
-    q_new[coordinates] = np.where(np.isfinite(x_new), x_new, x)
-    parts_new = parts_at(q_new)
-    mean_back, vectors_back, values_back = newton_gaussian(
-        x_new, *model_derivatives(parts_new, quadratic)
-    )
-    with np.errstate(invalid="ignore"):
-        rest = (
-            parts_new.prior
-            - parts.prior
-            + proposal_log_density(x, mean_back, vectors_back, values_back)
-            - proposal_log_density(x_new, mean, vectors, values)
-        )
-    rest = np.where(np.isfinite(rest) & np.isfinite(x_new).all(axis=1), rest, np.nan)
+    parts: GroupParts,
+    parts_new: GroupParts,
+    rest: np.ndarray,
+    known: np.ndarray,
+    log_u: np.ndarray,
+) -> tuple[np.ndarray, DecisionCounts]:
+    """Decide every group on its own rows (module doc, "Test"); see :data:`GroupDecisions`."""
+    n_groups = rest.size
     likelihood = np.full(n_groups, np.nan)  # L_g(x') - L_g(x) where decided exactly
     accept = np.zeros(n_groups, bool)
     n_data = 0
@@ -311,10 +287,6 @@ def group_effects_sweep(
     sampled = np.flatnonzero(live & ~rows.whole)
     unsure = np.zeros(0, np.int64)
     if sampled.size:
-        known = np.full(n_groups, np.nan)
-        known[sampled] = rest[sampled] + quadratic.change(
-            sampled, parts.cells[sampled], parts_new.cells[sampled]
-        )
 
         def draw_rows(groups: np.ndarray, k: int) -> np.ndarray:
             offsets = np.floor(rng.random((groups.size, k)) * rows.sizes[groups][:, None])
@@ -345,11 +317,83 @@ def group_effects_sweep(
     accept[exact] = exact_decisions(rng, test, likelihood[exact] + rest[exact], log_u[exact])
     nonfinite = ~live | (on_all_rows & ~finite)
     accept &= live
+    return accept, DecisionCounts(n_data, int(whole.sum() + unsure.size), int(nonfinite.sum()))
+
+
+def group_effects_sweep(
+    rng: np.random.Generator,
+    q: np.ndarray,
+    coordinates: np.ndarray,
+    parts_at: Callable[[np.ndarray], GroupParts],
+    quadratic: GroupQuadratic,
+    rows: GroupRows,
+    row_terms: RowTerms,
+    batch_size: int,
+    test: GroupTest,
+    decide: GroupDecisions | None = None,
+) -> tuple[np.ndarray, GroupSweepInfo]:
+    """Propose new effects for every group of a factor and decide each on its own rows.
+
+    Parameters
+    ----------
+    rng : numpy.random.Generator
+        Draws the proposals, the uniforms and the rows.
+    q : ndarray
+        The step's point.
+    coordinates : ndarray
+        ``(G, k)``: group g's effects are ``q[coordinates[g]]``.
+    parts_at : callable
+        ``q -> GroupParts`` of the factor.
+    quadratic : GroupQuadratic
+        The likelihood's expansion around the reference cells.
+    rows : GroupRows
+        The factor's rows by group.
+    row_terms : callable
+        See :data:`RowTerms`.
+    batch_size : int
+        Rows read per sampled group (groups of at most this many rows are read whole).
+    test : GroupTest
+        How each group is decided (``kernels/group_tests.py``).
+    decide : callable, optional
+        See :data:`GroupDecisions`; by default :func:`decide_on_rows` with the arguments
+        above (a fused one runs the same decisions as one compiled call).
+
+    Returns
+    -------
+    ndarray, GroupSweepInfo
+        The new point (a new array) and what the sweep did.
+    """
+    n_groups = coordinates.shape[0]
+    parts = parts_at(q)
+    x = q[coordinates]
+    mean, vectors, values = newton_gaussian(x, *model_derivatives(parts, quadratic))
+    x_new = draw_proposal(rng, mean, vectors, values)
+    log_u = np.log(rng.uniform(size=n_groups))
+    q_new = q.copy()
+    q_new[coordinates] = np.where(np.isfinite(x_new), x_new, x)
+    parts_new = parts_at(q_new)
+    mean_back, vectors_back, values_back = newton_gaussian(
+        x_new, *model_derivatives(parts_new, quadratic)
+    )
+    with np.errstate(invalid="ignore"):
+        rest = (
+            parts_new.prior
+            - parts.prior
+            + proposal_log_density(x, mean_back, vectors_back, values_back)
+            - proposal_log_density(x_new, mean, vectors, values)
+        )
+    rest = np.where(np.isfinite(rest) & np.isfinite(x_new).all(axis=1), rest, np.nan)
+    with np.errstate(invalid="ignore", over="ignore"):
+        # Delta_g = known_g + sum_{i in g} d_i for a sampled group (``kernels/group_tests.py``).
+        known = rest + quadratic.change(np.arange(n_groups), parts.cells, parts_new.cells)
+    if decide is None:
+        decide = partial(decide_on_rows, rng, rows, row_terms, batch_size, test)
+    accept, counts = decide(parts, parts_new, rest, known, log_u)
     result = q.copy()
     result[coordinates[accept]] = x_new[accept]
     return result, GroupSweepInfo(
-        n_data=n_data,
+        n_data=counts.n_data,
         n_accepted=int(accept.sum()),
-        n_full_groups=int(whole.sum() + unsure.size),
-        n_nonfinite=int(nonfinite.sum()),
+        n_full_groups=counts.n_full_groups,
+        n_nonfinite=counts.n_nonfinite,
     )

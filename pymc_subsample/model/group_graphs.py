@@ -26,6 +26,7 @@ from pytensor.graph.basic import Variable
 from pytensor.graph.replace import clone_replace
 from pytensor.tensor.variable import TensorVariable
 
+from pymc_subsample.model.data_terms import without_data_terms
 from pymc_subsample.model.gradients import _pushforward
 from pymc_subsample.model.grouped_rows import GroupedRows
 
@@ -114,7 +115,8 @@ def _change(
     """``l_i = F_i(q_new, new cells) - F_i(q_old, old cells)``: inputs, tables and graph."""
     old, new = _table_inputs(grouped, "old"), _table_inputs(grouped, "new")
     q_new = grouped.vector.type("q_new")
-    rows = grouped.rows_logp
+    # Summands that read only the data cancel in the difference (model/data_terms.py).
+    rows = without_data_terms(grouped.rows_logp, list(grouped.row_inputs))
     change = _at_cells(_at_point(rows, grouped, q_new), grouped, _row_cells(grouped, new)) - (
         _at_cells(rows, grouped, _row_cells(grouped, old))
     )

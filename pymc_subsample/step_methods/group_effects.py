@@ -37,6 +37,8 @@ from pymc_subsample.step_methods.acceptance_tests.barker import BarkerTest
 from pymc_subsample.step_methods.acceptance_tests.sequential_t import _check_error_tolerance
 from pymc_subsample.step_methods.arguments import check_choice, check_int
 from pymc_subsample.step_methods.diagnostics import RowCost
+from pymc_subsample.step_methods.fused_group_path import FusedGroupDecisions, fused_group_obstacle
+from pymc_subsample.step_methods.fused_path import seed_fused_draws
 from pymc_subsample.step_methods.group_expansion import PASS_ROWS, GroupExpansion
 from pymc_subsample.step_methods.group_moves import GroupMoves
 from pymc_subsample.step_methods.step_base import SubsampleStepBase
@@ -154,6 +156,13 @@ class GroupEffectsMH(GroupMoves, SubsampleStepBase):
         Replaced by the chain's generator inside ``pm.sample``.
     compile_kwargs : dict, optional
         Passed to PyTensor's compiler.
+    fused : bool, default True
+        Decide each sweep's groups in one compiled call (PyTensor's Numba kernels of the
+        model's row functions, called from a generated Numba driver) where the rows are in
+        this process; ``False`` decides them in Python. Both make the same decisions; the
+        fused ones draw their rows and noise from Numba's generator (seeded from the
+        chain's), so draws differ between the two for the same seed. Attribute
+        ``draw_path`` says ``"fused"``, or ``"python: "`` and why.
 
     Raises
     ------
@@ -222,8 +231,11 @@ class GroupEffectsMH(GroupMoves, SubsampleStepBase):
         model: pm.Model | None = None,
         rng: RandomGenerator = None,
         compile_kwargs: dict[str, Any] | None = None,
+        fused: bool = True,
     ) -> None:
         self.error_tolerance = _check_error_tolerance(error_tolerance)
+        if not isinstance(fused, bool):
+            raise ValueError(f"fused must be True or False, got {fused!r}.")
         kind = check_choice("test", test, (T_TEST, BARKER))
         #: The test of every sampled decision (``kernels/group_tests.py``).
         self.test = GroupTest(
@@ -259,6 +271,42 @@ class GroupEffectsMH(GroupMoves, SubsampleStepBase):
         #: One exact random walk per ridge the expansion finds (``_move_ridges``).
         self._ridge_walks: list[HyperWalk] = []
         self.oracles.ensure_rows_finite()
+        obstacle = "fused=False" if not fused else fused_group_obstacle(self.oracles)
+        #: "fused" where each sweep's decisions are one compiled call, else "python: " and why
+        #: (``step_methods/fused_group_path.py``).
+        self.draw_path = "fused" if obstacle is None else f"python: {obstacle}"
+        self._fused: FusedGroupDecisions | None = None
+        self._seed_fused = True
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickle without the fused decisions' compiled code (a worker loads it from cache)."""
+        state = self.__dict__.copy()
+        state["_fused"] = None
+        return state
+
+    def _fused_decisions(self) -> FusedGroupDecisions | None:
+        """Return the fused decisions where the step uses them, built at the first call.
+
+        Where PyTensor's Numba backend cannot compile the model's row functions, the step
+        decides in Python from then on, and ``draw_path`` says why. At a chain's first sweep
+        Numba's generator is seeded from the chain's, so that a chain is reproducible.
+        """
+        if self.draw_path != "fused":
+            return None
+        if self._fused is None:
+            try:
+                self._fused = FusedGroupDecisions(
+                    self.functions, self.oracles, self.expansion, self.test
+                )
+            except Exception as error:
+                self.draw_path = (
+                    f"python: PyTensor's Numba backend could not compile the decisions ({error})"
+                )
+                return None
+        if self._seed_fused:
+            seed_fused_draws(self.rng)
+            self._seed_fused = False
+        return self._fused
 
     def describe_groups(self) -> str:
         """Name the group effects and count their groups (``"'a': 200 groups"``)."""
@@ -326,6 +374,7 @@ class GroupEffectsMH(GroupMoves, SubsampleStepBase):
 
     def reset_tuning(self) -> None:
         """Start the chain's expansion afresh (at its first draw)."""
+        self._seed_fused = True
         self._draws = 0
         self._tuning_sum, self._tuning_count = np.zeros(0), 0
         self.cost.reset(self._chain_draws)
@@ -405,6 +454,7 @@ class GroupEffectsMH(GroupMoves, SubsampleStepBase):
         assert self.expansion.quadratics is not None
         self._draws += 1
         totals = dict.fromkeys(GroupSweepInfo._fields, 0)
+        fused = self._fused_decisions()
         for f, (factor, layout) in enumerate(zip(self.factors, self.layouts, strict=True)):
 
             def terms(
@@ -428,6 +478,7 @@ class GroupEffectsMH(GroupMoves, SubsampleStepBase):
                 terms,
                 self.batch_size,
                 self.test,
+                None if fused is None else fused.decisions(layout, self.batch_size, q),
             )
             for field, value in info._asdict().items():
                 totals[field] += value

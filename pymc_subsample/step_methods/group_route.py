@@ -31,7 +31,7 @@ AUTO_GROUPS = "auto"
 GROUP_ROUTE_MARK = "_group_route_checked"
 #: The settings each test's route passes on to GroupEffectsMH (besides the shared ones).
 _TEST_SETTINGS = {T_TEST: ("error_tolerance",), BARKER: ("correction_sd",)}
-_SHARED_SETTINGS = ("model", "rng", "obs_dim", "compile_kwargs")
+_SHARED_SETTINGS = ("model", "rng", "obs_dim", "compile_kwargs", "fused")
 
 #: PyMC's logger, where ``pm.sample`` says which step samples which variables.
 _log = logging.getLogger("pymc")

@@ -1,0 +1,148 @@
+"""The fused decisions of a group sweep make the Python path's decisions, group by group.
+
+``step_methods/fused_group_path.py`` runs a sweep's decisions as one compiled call, drawing
+its rows and noise from Numba's generator, so its chains differ from the Python path's for a
+seed; the posterior tests of ``tests/test_group_effects.py`` run both. Here both decide the
+same proposals, where their decisions do not depend on which rows they draw:
+
+- every group read whole (the t-test at ``error_tolerance=0``): ``Delta_g > log u`` on all of
+  a group's rows, the same numbers in both;
+- a Normal likelihood, whose rows' second-order expansion is exact: every residual is zero up
+  to rounding, so each sampled group is decided at its first stage on ``known_g`` alone,
+  whichever rows were drawn.
+
+Each compares the accepted groups and the counts (rows read, groups read whole, non-finite
+proposals) over several proposals (checked when written: the t-test's threshold without
+``known_g`` fails the Normal case). Which rows a stage reads is checked on its own: every row
+drawn is one of its group's, each equally likely.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import numpy as np
+import pymc as pm
+import pytest
+
+from pymc_subsample import GroupEffectsMH
+from pymc_subsample.kernels.fused import seed_generator
+from pymc_subsample.kernels.fused_groups import draw_group_rows
+from pymc_subsample.kernels.group_effects import decide_on_rows, group_effects_sweep, group_rows
+from pymc_subsample.step_methods.fused_group_path import FusedGroupDecisions
+
+SIZES = [0, 1, 3, 20, 50, 51, 80, 200, 400, 1_500, 6, 120, 900]
+
+
+def _groups(seed: int = 0) -> tuple[np.ndarray, np.random.Generator]:
+    rng = np.random.default_rng(seed)
+    return np.repeat(np.arange(len(SIZES)), SIZES), rng
+
+
+def _poisson_step(error_tolerance: float) -> GroupEffectsMH:
+    group, rng = _groups()
+    y = rng.poisson(np.exp(rng.normal(0.5, 1.0, len(SIZES))[group]))
+    with pm.Model(coords={"group": range(len(SIZES))}) as model:
+        a = pm.Normal("a", 0.5, 1.0, dims="group")
+        pm.Poisson("y", pm.math.exp(a[pm.Data("g", group)]), observed=y)
+        return GroupEffectsMH([model["a"]], error_tolerance=error_tolerance)
+
+
+def _normal_step() -> GroupEffectsMH:
+    group, rng = _groups()
+    y = rng.normal(rng.normal(0.0, 1.0, len(SIZES))[group], 2.0)
+    with pm.Model(coords={"group": range(len(SIZES))}) as model:
+        a = pm.Normal("a", 0.0, 1.0, dims="group")
+        pm.Normal("y", a[pm.Data("g", group)], 2.0, observed=y)
+        return GroupEffectsMH([model["a"]])
+
+
+def _compare(step: GroupEffectsMH, seed: int, spoil: int | None = None) -> tuple:
+    """Decide one sweep's proposals both ways; return both (accepted, counts)."""
+    q = np.asarray(step.oracles.initial_q, dtype=float)
+    step._recentre(q, newton_steps=3)
+    q = step.expansion.reference_q + 0.1 * np.random.default_rng(seed).standard_normal(q.size)
+    layout = step.layouts[0]
+    fused = FusedGroupDecisions(step.functions, step.oracles, step.expansion, step.test)
+    both = {}
+
+    def terms(old, new, rows, groups, residual):
+        return step._row_terms(0, q, q, old, new, rows, residual)
+
+    def decide(old, new, rest, known, log_u):
+        # log u raised by up to 2: about half the decisions are rejections, both compared.
+        log_u = log_u + np.random.default_rng(seed + 200).uniform(0.0, 2.0, log_u.size)
+        if spoil is not None:
+            rest = rest.copy()
+            rest[spoil] = np.nan
+        both["python"] = decide_on_rows(
+            np.random.default_rng(seed),
+            layout,
+            terms,
+            step.batch_size,
+            step.test,
+            old,
+            new,
+            rest,
+            known,
+            log_u,
+        )
+        both["fused"] = fused.decisions(layout, step.batch_size, q)(old, new, rest, known, log_u)
+        return both["python"]
+
+    group_effects_sweep(
+        np.random.default_rng(seed + 100),
+        q,
+        step.factors[0].coordinates,
+        partial(step.expansion.parts, 0),
+        step.expansion.shifted(0, q),
+        layout,
+        terms,
+        step.batch_size,
+        step.test,
+        decide,
+    )
+    return both["python"], both["fused"]
+
+
+@pytest.mark.parametrize("model", ["poisson_exact", "normal_sampled"])
+def test_fused_decisions_are_the_python_decisions(model):
+    step = _poisson_step(0.0) if model == "poisson_exact" else _normal_step()
+    accepted = rejected = 0
+    for seed in range(6):
+        (python, python_counts), (fused, fused_counts) = _compare(step, seed)
+        np.testing.assert_array_equal(fused, python)
+        assert fused_counts == python_counts
+        accepted += int(python.sum())
+        rejected += int((~python).sum())
+    # Both outcomes were compared, and the Normal case decided every group of more than
+    # batch_size rows on its first stage's sample.
+    assert accepted > 10 and rejected > 10
+    if model == "normal_sampled":
+        small = [size for size in SIZES if size <= step.batch_size]
+        assert python_counts.n_full_groups == len(small)
+        assert python_counts.n_data == sum(small) + step.batch_size * (len(SIZES) - len(small))
+
+
+def test_a_nonfinite_proposal_is_rejected_and_counted_by_both():
+    step = _normal_step()
+    big = SIZES.index(1_500)
+    (python, python_counts), (fused, fused_counts) = _compare(step, 0, spoil=big)
+    assert not python[big] and not fused[big]
+    assert fused_counts == python_counts and fused_counts.n_nonfinite == 1
+
+
+def test_a_stage_draws_each_groups_own_rows_uniformly():
+    # Rows of 4 groups (sizes 3, 1, 0, 5) in shuffled order; groups 0, 1 and 3 drawn.
+    row_groups = np.random.default_rng(0).permutation(np.repeat([0, 1, 3], [3, 1, 5]))
+    layout = group_rows(row_groups, 4, batch_size=2)
+    seed_generator(0)
+    draw = 9_000
+    rows = draw_group_rows(layout.order, layout.starts, np.array([0, 1, 3]), draw)
+    for k, g in enumerate([0, 1, 3]):
+        picked = rows[k * draw : (k + 1) * draw]
+        assert np.all(row_groups[picked] == g)
+        counts = np.bincount(picked, minlength=row_groups.size)[row_groups == g]
+        share = 1.0 / counts.size
+        # Each row's count is Binomial(draw, share): within 5 sds (false failure < 1e-5).
+        assert np.all(np.abs(counts - draw * share) <= 5 * np.sqrt(draw * share * (1 - share)))
