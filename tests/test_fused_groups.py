@@ -29,6 +29,7 @@ from pymc_subsample import GroupEffectsMH
 from pymc_subsample.kernels.fused import seed_generator
 from pymc_subsample.kernels.fused_groups import draw_group_rows
 from pymc_subsample.kernels.group_effects import decide_on_rows, group_effects_sweep, group_rows
+from pymc_subsample.kernels.hyper_walk import walk
 from pymc_subsample.step_methods.fused_group_path import FusedGroupDecisions
 
 SIZES = [0, 1, 3, 20, 50, 51, 80, 200, 400, 1_500, 6, 120, 900]
@@ -146,3 +147,34 @@ def test_a_stage_draws_each_groups_own_rows_uniformly():
         share = 1.0 / counts.size
         # Each row's count is Binomial(draw, share): within 5 sds (false failure < 1e-5).
         assert np.all(np.abs(counts - draw * share) <= 5 * np.sqrt(draw * share * (1 - share)))
+
+
+def test_the_compiled_hyperparameter_walk_makes_the_python_walks_moves():
+    group, rng = _groups()
+    y = rng.normal(rng.normal(0.3, 0.8, len(SIZES))[group], 1.0)
+    with pm.Model(coords={"group": range(len(SIZES))}):
+        mu = pm.Normal("mu", 0.0, 1.0)
+        sd = pm.HalfNormal("sd", 1.0)
+        a = pm.Normal("a", mu, sd, dims="group")
+        pm.Normal("y", a[pm.Data("g", group)], 1.0, observed=y)
+        step = GroupEffectsMH()
+    compiled = step._compiled_walk()
+    assert compiled is not None and step.draw_path == "fused"
+    free = step.functions.free_coordinates
+    q = np.asarray(step.oracles.initial_q, dtype=float)
+    q[step.factors[0].coordinates[:, 0]] = rng.normal(0.3, 0.8, len(SIZES))
+
+    def log_target(h):
+        point = q.copy()
+        point[free] = h
+        return step.oracles.log_prior(point)
+
+    # Steps of several sizes: small ones mostly accepted, large ones mostly rejected.
+    increments = rng.normal(size=(40, free.size)) * np.repeat([0.05, 0.5, 3.0, 10.0], 10)[:, None]
+    uniforms = rng.uniform(size=40)
+    h_python, acceptances_python = walk(q[free], log_target, increments, uniforms)
+    h_compiled, acceptances_compiled = compiled.moves(q)(q[free], increments, uniforms)
+    np.testing.assert_allclose(acceptances_compiled, acceptances_python, rtol=1e-10, atol=1e-300)
+    np.testing.assert_allclose(h_compiled, h_python, rtol=1e-12)
+    accepted = uniforms < acceptances_python
+    assert 5 < accepted.sum() < 35

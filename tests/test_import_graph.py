@@ -50,6 +50,7 @@ PARTS = frozenset(
         "defaults",
         "diagnostics",
         "fused_group_path",
+        "fused_hyper_walk",
         "fused_path",
         "group_expansion",
         "group_moves",

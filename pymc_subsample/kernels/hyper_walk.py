@@ -28,7 +28,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-__all__ = ["HyperWalk", "HyperWalkInfo"]
+__all__ = ["HyperWalk", "HyperWalkInfo", "WalkMoves", "walk"]
 
 #: Metropolis steps per call (per sweep of the step).
 MOVES = 16
@@ -48,6 +48,33 @@ class HyperWalkInfo(NamedTuple):
     hyper_accept_rate: float
     #: The proposal's scale (a multiple of the adapted covariance's square root).
     hyper_scale: float
+
+
+#: ``(h, increments, uniforms) -> (h, acceptances)``: Metropolis moves through ``h +
+#: increments[0]``, ``+ increments[1]``, ..., each accepted where its uniform is below its
+#: acceptance probability; the end point and every move's acceptance probability.
+WalkMoves = Callable[[np.ndarray, np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]
+
+
+def walk(
+    h: np.ndarray,
+    log_target: Callable[[np.ndarray], float],
+    increments: np.ndarray,
+    uniforms: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Make the :data:`WalkMoves` of ``log_target``, one Python call of it per move."""
+    current = log_target(h)
+    acceptances = np.zeros(uniforms.size)
+    with np.errstate(all="ignore"):
+        for m, (increment, uniform) in enumerate(zip(increments, uniforms, strict=True)):
+            proposal = h + increment
+            candidate = log_target(proposal)
+            log_ratio = candidate - current
+            acceptance = math.exp(min(log_ratio, 0.0)) if math.isfinite(log_ratio) else 0.0
+            acceptances[m] = acceptance
+            if uniform < acceptance:
+                h, current = proposal, candidate
+    return h, acceptances
 
 
 class HyperWalk:
@@ -77,29 +104,27 @@ class HyperWalk:
         h: np.ndarray,
         log_target: Callable[[np.ndarray], float],
         tune: bool,
+        moves: WalkMoves | None = None,
     ) -> tuple[np.ndarray, HyperWalkInfo]:
-        """Make :data:`MOVES` Metropolis steps from ``h``; tune while ``tune``."""
-        current = log_target(h)
-        accepted = 0
+        """Make :data:`MOVES` Metropolis steps from ``h``; tune while ``tune``.
+
+        ``moves`` makes them in place of the Python loop over ``log_target`` (a compiled walk
+        of the same target, ``step_methods/fused_hyper_walk.py``).
+        """
         scale = math.exp(self.log_scale)
         # Every move's increment and uniform drawn at once: they do not depend on the chain's
         # path, and a call moves at one scale (its adaptation applies from the next call).
         increments = scale * (rng.standard_normal((MOVES, self.size)) @ self.factor.T)
         uniforms = rng.uniform(size=MOVES)
-        with np.errstate(all="ignore"):
-            for increment, uniform in zip(increments, uniforms, strict=True):
-                proposal = h + increment
-                candidate = log_target(proposal)
-                log_ratio = candidate - current
-                acceptance = math.exp(min(log_ratio, 0.0)) if math.isfinite(log_ratio) else 0.0
-                if uniform < acceptance:
-                    h, current = proposal, candidate
-                    accepted += 1
-                if tune:
-                    self._adapt_scale(acceptance)
+        if moves is None:
+            h, acceptances = walk(h, log_target, increments, uniforms)
+        else:
+            h, acceptances = moves(h, increments, uniforms)
         if tune:
+            for acceptance in acceptances:
+                self._adapt_scale(float(acceptance))
             self._adapt_covariance(h)
-        return h, HyperWalkInfo(accepted / MOVES, scale)
+        return h, HyperWalkInfo(float(np.mean(uniforms < acceptances)), scale)
 
     def _adapt_scale(self, acceptance: float) -> None:
         self.log_scale += (acceptance - TARGET_ACCEPTANCE) / math.sqrt(1.0 + self._calls)

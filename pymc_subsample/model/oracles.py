@@ -431,6 +431,10 @@ class ModelOracles(RowSums):
         rows = functions.ratio if self.proxy_order == 0 else functions.residual[self.proxy_order]
         return functions.prior_ratio.numba_kernel(), rows.numba_kernel()
 
+    def numba_prior(self) -> NumbaKernel:
+        """Return :meth:`log_prior`'s function as a Numba dispatcher (input ``q``)."""
+        return self._functions.prior.numba_kernel()
+
     def _gradient(self, name: str, function: LazyFunction) -> LazyFunction:
         if not self._functions.rows_depend_on_q:
             raise RuntimeError(

@@ -38,6 +38,7 @@ from pymc_subsample.step_methods.acceptance_tests.sequential_t import _check_err
 from pymc_subsample.step_methods.arguments import check_choice, check_int
 from pymc_subsample.step_methods.diagnostics import RowCost
 from pymc_subsample.step_methods.fused_group_path import FusedGroupDecisions, fused_group_obstacle
+from pymc_subsample.step_methods.fused_hyper_walk import CompiledHyperWalk
 from pymc_subsample.step_methods.fused_path import seed_fused_draws
 from pymc_subsample.step_methods.group_expansion import PASS_ROWS, GroupExpansion
 from pymc_subsample.step_methods.group_moves import GroupMoves
@@ -277,12 +278,34 @@ class GroupEffectsMH(GroupMoves, SubsampleStepBase):
         self.draw_path = "fused" if obstacle is None else f"python: {obstacle}"
         self._fused: FusedGroupDecisions | None = None
         self._seed_fused = True
+        self._walk: CompiledHyperWalk | None = None
+        #: Whether the hyperparameters' walk may be compiled (False once it failed to).
+        self._walk_compiles = self.hyperparameters is not None
 
     def __getstate__(self) -> dict[str, Any]:
         """Pickle without the fused decisions' compiled code (a worker loads it from cache)."""
         state = self.__dict__.copy()
-        state["_fused"] = None
+        state["_fused"] = state["_walk"] = None
         return state
+
+    def _compiled_walk(self) -> CompiledHyperWalk | None:
+        """Return the hyperparameters' walk as one compiled call, or None to walk in Python.
+
+        Compiled with the decisions (``draw_path == "fused"``), and used by
+        ``_move_hyperparameters`` where the target is the prior itself (a centred hierarchy);
+        where PyTensor's Numba backend cannot compile the prior, the walk stays in Python.
+        """
+        if self.draw_path != "fused" or not self._walk_compiles:
+            return None
+        if self._walk is None:
+            try:
+                self._walk = CompiledHyperWalk(
+                    self.oracles.numba_prior(), self.functions.free_coordinates
+                )
+            except Exception:
+                self._walk_compiles = False
+                return None
+        return self._walk
 
     def _fused_decisions(self) -> FusedGroupDecisions | None:
         """Return the fused decisions where the step uses them, built at the first call.

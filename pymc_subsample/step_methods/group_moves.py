@@ -20,6 +20,7 @@ the control variate) that the group sweep's tests and the shared move's read.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -44,6 +45,7 @@ from pymc_subsample.kernels.stratified import (
 if TYPE_CHECKING:
     from pymc_subsample.model.group_effects import GroupEffectFunctions, GroupFactor
     from pymc_subsample.model.oracles import ModelOracles
+    from pymc_subsample.step_methods.fused_hyper_walk import CompiledHyperWalk
     from pymc_subsample.step_methods.group_expansion import GroupExpansion
 
 __all__ = ["GroupMoves"]
@@ -64,6 +66,8 @@ class GroupMoves:
     strata: Strata | None
     hyperparameters: HyperWalk | None
     _ridge_walks: list[HyperWalk]
+    #: The hyperparameters' walk as one compiled call where the step has one, else None.
+    _compiled_walk: Callable[[], CompiledHyperWalk | None]
 
     @property
     def factors(self) -> tuple[GroupFactor, ...]:
@@ -253,5 +257,7 @@ class GroupMoves:
                 return -np.inf
             return self.oracles.log_prior(point) - log_jacobian
 
-        h, info = self.hyperparameters(self.rng, q[free], log_target, self.tune)
+        compiled = None if held else self._compiled_walk()
+        moves = None if compiled is None else compiled.moves(q)
+        h, info = self.hyperparameters(self.rng, q[free], log_target, self.tune, moves)
         return point_at(h)[0], info
