@@ -43,7 +43,7 @@ from scipy import stats
 
 import pymc_subsample as pms
 from pymc_subsample import GroupEffectsMH
-from pymc_subsample.kernels.group_effects import symmetric_eigen
+from pymc_subsample.kernels.group_newton import symmetric_eigen
 
 SIZES = [0, 1, 3, 20, 50, 51, 80, 200, 400, 1_500, 4_000, 6, 120, 900]
 
@@ -538,4 +538,57 @@ def test_symmetric_eigen_reconstructs_every_matrix(k):
     orthogonality = np.einsum("gji,gjk->gik", vectors, vectors)
     np.testing.assert_allclose(
         orthogonality, np.broadcast_to(np.eye(k), orthogonality.shape), atol=1e-12
+    )
+
+
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_newton_proposals_match_the_linear_algebra_they_stand_for(k):
+    """The compiled proposal algebra (``kernels/group_newton.py``) against NumPy's formulas.
+
+    The quadratic model's derivatives (``grad log p + J^T (s + H (c - c_r))``, ``Hess log p +
+    J^T H J``), the Newton mean ``x + P^-1 grad`` with ``P = -Hess`` (negative definite here,
+    so no eigenvalue is flipped or floored) and the Student-t log-density up to its constant;
+    deterministic, to rounding error. A group with a NaN gradient gets a NaN mean.
+    """
+    from pymc_subsample.kernels.group_newton import (
+        PROPOSAL_DF,
+        cell_model_derivatives,
+        newton_gaussian,
+        proposal_log_density,
+    )
+
+    rng = np.random.default_rng(1)
+    n_groups, n_cells = 50, k + 1
+    prior_gradient = rng.normal(size=(n_groups, k))
+    prior_hessian = -np.eye(k) * rng.uniform(0.5, 2.0, (n_groups, 1, 1))
+    cells, reference = rng.normal(size=(2, n_groups, n_cells))
+    jacobian = rng.normal(size=(n_groups, n_cells, k))
+    cell_gradient = rng.normal(size=(n_groups, n_cells))
+    root = rng.normal(size=(n_groups, n_cells, n_cells))
+    cell_hessian = -np.einsum("gij,gkj->gik", root, root)  # negative semi-definite
+    gradient, hessian = cell_model_derivatives(
+        prior_gradient, prior_hessian, cells, jacobian, reference, cell_gradient, cell_hessian
+    )
+    at_cells = cell_gradient + np.einsum("gcd,gd->gc", cell_hessian, cells - reference)
+    np.testing.assert_allclose(
+        gradient, prior_gradient + np.einsum("gci,gc->gi", jacobian, at_cells), atol=1e-12
+    )
+    expected_hessian = prior_hessian + np.einsum(
+        "gci,gcd,gdj->gij", jacobian, cell_hessian, jacobian
+    )
+    np.testing.assert_allclose(hessian, expected_hessian, atol=1e-12)
+    x = rng.normal(size=(n_groups, k))
+    gradient[0, 0] = np.nan
+    mean, vectors, values = newton_gaussian(x, gradient, hessian)
+    solved = x + np.linalg.solve(-hessian, gradient[:, :, None])[:, :, 0]
+    np.testing.assert_allclose(mean[1:], solved[1:], rtol=1e-9, atol=1e-9)
+    assert np.all(np.isnan(mean[0]))
+    y = rng.normal(size=(n_groups, k))
+    difference = (y - mean)[1:]
+    distance = np.einsum("gi,gij,gj->g", difference, -hessian[1:], difference)
+    expected = -0.5 * (PROPOSAL_DF + k) * np.log1p(distance / PROPOSAL_DF) + 0.5 * np.log(
+        np.linalg.det(-hessian[1:])
+    )
+    np.testing.assert_allclose(
+        proposal_log_density(y, mean, vectors, values)[1:], expected, rtol=1e-9
     )

@@ -40,9 +40,19 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from pymc_subsample.kernels.group_newton import (
+    PRECISION_FLOOR,
+    PROPOSAL_DF,
+    cell_model_derivatives,
+    newton_gaussian,
+    proposal_log_density,
+    symmetric_eigen,
+)
 from pymc_subsample.kernels.group_tests import GroupTest, exact_decisions, staged_decisions
 
 __all__ = [
+    "PRECISION_FLOOR",
+    "PROPOSAL_DF",
     "DecisionCounts",
     "GroupDecisions",
     "GroupParts",
@@ -59,16 +69,6 @@ __all__ = [
     "proposal_log_density",
     "symmetric_eigen",
 ]
-
-#: Degrees of freedom of the proposal's Student-t: its tails are heavier than a GLM
-#: conditional's (at most exponential in the effects), so a chain far out in a group's tail,
-#: where the quadratic model underrates the conditional, still moves back (a Gaussian
-#: independence proposal lighter-tailed than its target is not geometrically ergodic and can
-#: stay stuck at a chain's start); on a Gaussian conditional it costs a little acceptance.
-PROPOSAL_DF = 7.0
-#: Smallest eigenvalue of a proposal's precision, relative to 1 (a flat direction of the
-#: quadratic model gets a proposal sd of 1e3 rather than infinity).
-PRECISION_FLOOR = 1e-6
 
 
 class GroupParts(NamedTuple):
@@ -147,46 +147,6 @@ class GroupSweepInfo(NamedTuple):
     n_nonfinite: int
 
 
-def newton_gaussian(
-    x: np.ndarray, gradient: np.ndarray, hessian: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Return each group's Newton proposal: mean, and the precision's eigenvectors and values."""
-    with np.errstate(invalid="ignore"):
-        finite = np.isfinite(hessian).all(axis=(1, 2)) & np.isfinite(gradient).all(axis=1)
-        safe = np.where(finite[:, None, None], -hessian, np.eye(hessian.shape[1]))
-        values, vectors = symmetric_eigen(0.5 * (safe + np.swapaxes(safe, 1, 2)))
-        values = np.maximum(np.abs(values), PRECISION_FLOOR)
-        rotated = np.matmul(gradient[:, None, :], vectors)[:, 0, :] / values
-        step = np.matmul(vectors, rotated[:, :, None])[:, :, 0]
-    mean = np.where(finite[:, None], x + step, np.nan)
-    return mean, vectors, values
-
-
-def symmetric_eigen(matrices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Eigenvalues and eigenvectors (as columns) of a stack of symmetric ``(G, k, k)`` matrices.
-
-    ``np.linalg.eigh`` calls LAPACK once per matrix (55 us for 100 groups of two effects,
-    against 24 us here); the commonest factors have one or two effects per group (a varying
-    intercept, and a slope), whose decompositions are closed-form: a 2 x 2 matrix
-    ``[[a, b], [b, c]]`` is diagonalised by the rotation through ``theta = atan2(2 b, a - c) / 2``.
-    """
-    k = matrices.shape[-1]
-    if k == 1:
-        return matrices[:, :, 0].copy(), np.ones_like(matrices)
-    if k != 2:
-        values, vectors = np.linalg.eigh(matrices)
-        return values, vectors
-    a, b, c = matrices[:, 0, 0], matrices[:, 0, 1], matrices[:, 1, 1]
-    theta = 0.5 * np.arctan2(2.0 * b, a - c)
-    cos, sin = np.cos(theta), np.sin(theta)
-    cross = 2.0 * b * cos * sin
-    values = np.stack(
-        [a * cos * cos + cross + c * sin * sin, a * sin * sin - cross + c * cos * cos], axis=1
-    )
-    vectors = np.stack([np.stack([cos, -sin], axis=1), np.stack([sin, cos], axis=1)], axis=1)
-    return values, vectors
-
-
 def draw_proposal(
     rng: np.random.Generator, mean: np.ndarray, vectors: np.ndarray, values: np.ndarray
 ) -> np.ndarray:
@@ -198,28 +158,18 @@ def draw_proposal(
     return mean + np.matmul(vectors, (noise / np.sqrt(values))[:, :, None])[:, :, 0]
 
 
-def proposal_log_density(
-    y: np.ndarray, mean: np.ndarray, vectors: np.ndarray, values: np.ndarray
-) -> np.ndarray:
-    """Return each group's proposal log-density at ``y``, up to a constant of ``k`` alone."""
-    # Multivariate t with PROPOSAL_DF degrees of freedom, location mean and scale matrix
-    # (V diag(values) V^T)^-1, per group, up to a constant that depends only on k.
-    z = np.matmul((y - mean)[:, None, :], vectors)[:, 0, :]
-    distance = (values * z * z).sum(axis=1)
-    k = y.shape[1]
-    return -0.5 * (PROPOSAL_DF + k) * np.log1p(distance / PROPOSAL_DF) + 0.5 * np.log(values).sum(
-        axis=1
-    )
-
-
 def model_derivatives(parts: GroupParts, quadratic: GroupQuadratic) -> tuple[Any, Any]:
     """Return the quadratic model's gradient and Hessian in each group's effects (module doc)."""
-    delta = parts.cells - quadratic.reference_cells
-    cell_gradient = quadratic.gradient + np.matmul(quadratic.hessian, delta[:, :, None])[:, :, 0]
-    transposed = np.swapaxes(parts.jacobian, 1, 2)
-    gradient = parts.gradient + np.matmul(transposed, cell_gradient[:, :, None])[:, :, 0]
-    hessian = parts.hessian + np.matmul(transposed, np.matmul(quadratic.hessian, parts.jacobian))
-    return gradient, hessian
+    contiguous = np.ascontiguousarray
+    return cell_model_derivatives(
+        contiguous(parts.gradient, dtype=np.float64),
+        contiguous(parts.hessian, dtype=np.float64),
+        contiguous(parts.cells, dtype=np.float64),
+        contiguous(parts.jacobian, dtype=np.float64),
+        contiguous(quadratic.reference_cells, dtype=np.float64),
+        contiguous(quadratic.gradient, dtype=np.float64),
+        contiguous(quadratic.hessian, dtype=np.float64),
+    )
 
 
 #: ``(old, new, rows, groups, residual) -> values``: the rows' log-likelihood differences
