@@ -149,3 +149,13 @@ def test_the_one_block_step_keeps_its_route_in_worker_processes():
             compute_convergence_checks=False,
         )
     assert "accepted" in idata.sample_stats and "n_groups" not in idata.sample_stats
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_fused_reaches_the_group_step(fused):
+    # fused=False is a setting both steps share with the group step: it keeps the route and
+    # decides the groups in Python, where it used to send the model to the one-block step.
+    with _hierarchy():
+        step = pms.AusterityMH(fused=fused)
+    assert isinstance(step, GroupEffectsMH)
+    assert step.draw_path == ("fused" if fused else "python: fused=False")

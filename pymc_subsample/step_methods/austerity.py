@@ -135,7 +135,9 @@ class AusterityMH(SubsampleMH, test=SequentialTTest):
         ``error_tolerance > 0``. Attribute ``draw_path`` says ``"fused"``, or ``"python: "``
         and why not. The algorithm is the same; the random numbers come from Numba's generator
         (seeded from the chain's), so draws differ from ``fused=False`` for the same seed.
-        The first step on a new model compiles the draw (about 2 s, cached on disk).
+        The first step on a new model compiles the draw (about 2 s, cached on disk). On a
+        hierarchy the group step takes it (:class:`~pymc_subsample.GroupEffectsMH`'s
+        ``fused``: each sweep's decisions in one compiled call).
     group_effects : {"auto", True, False}, default "auto"
         On a hierarchy (group effects read by the rows through a group index, such as
         ``a[group_idx]``), ``"auto"`` builds :class:`~pymc_subsample.GroupEffectsMH` with

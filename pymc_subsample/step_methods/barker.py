@@ -56,7 +56,8 @@ class MinibatchBarkerMH(SubsampleMH, test=BarkerTest):
         ratio of the minibatch-gradient proposal (eq. 21-22 of Korattikara et al. 2016).
     fused : bool, default True
         One compiled call per draw, as for :class:`~pymc_subsample.AusterityMH`; with
-        ``error_bound`` set the draw runs in Python.
+        ``error_bound`` set the draw runs in Python. On a hierarchy the group step takes it
+        (:class:`~pymc_subsample.GroupEffectsMH`'s ``fused``).
     control_variate, reference_point, recenter
         Taylor control variates around a reference point, as for
         :class:`~pymc_subsample.AusterityMH` (default ``"auto"``: ``"taylor2"`` around an
