@@ -52,11 +52,9 @@ Cost: nutpie's numba gradient of the logistic models takes about 130 ns a row on
 5 ns), so nutpie on ``noncentred_logistic_1000`` takes about 3 s an iteration (one chain of
 150 + 100 took 742 s; the default 2 x 2,000 would take over 3 hours) and on
 ``noncentred_logistic_200`` about 0.6 s. ``results/hierarchical_groups.json`` holds (see its
-``models`` entries) our samplers' runs on two commits, made by four invocations one after the
-other: ``--models centred_poisson crossed_normal --timeout 1200`` (7 minutes, nutpie and its
-reference included; ``crossed_normal`` again with ``--models crossed_normal`` on the commit
-that moves parameters into gathers, which leaves its graph as it is: the same draws);
-``--models noncentred_logistic_1000 --samplers austerity barker --nutpie-draws
+``models`` entries) our samplers' runs on one commit, made by three invocations one after the
+other: ``--models centred_poisson crossed_normal --timeout 1200`` (11 minutes, nutpie and its
+reference included); ``--models noncentred_logistic_1000 --samplers austerity barker --nutpie-draws
 noncentred_logistic_1000=100:100 --exact-reference noncentred_logistic_1000 --reuse
 nutpie=FILE exact=FILE``; and ``--models noncentred_logistic_200 --nutpie-draws
 noncentred_logistic_200=150:150 --exact-reference noncentred_logistic_200 --reuse exact=FILE``.
