@@ -52,6 +52,7 @@ PARTS = frozenset(
         "fused_group_path",
         "fused_hyper_walk",
         "fused_path",
+        "group_compiled",
         "group_expansion",
         "group_moves",
         "progress",

@@ -37,9 +37,7 @@ from pymc_subsample.step_methods.acceptance_tests.barker import BarkerTest
 from pymc_subsample.step_methods.acceptance_tests.sequential_t import _check_error_tolerance
 from pymc_subsample.step_methods.arguments import check_choice, check_int
 from pymc_subsample.step_methods.diagnostics import RowCost
-from pymc_subsample.step_methods.fused_group_path import FusedGroupDecisions, fused_group_obstacle
-from pymc_subsample.step_methods.fused_hyper_walk import CompiledHyperWalk
-from pymc_subsample.step_methods.fused_path import seed_fused_draws
+from pymc_subsample.step_methods.group_compiled import CompiledSweepParts
 from pymc_subsample.step_methods.group_expansion import PASS_ROWS, GroupExpansion
 from pymc_subsample.step_methods.group_moves import GroupMoves
 from pymc_subsample.step_methods.step_base import SubsampleStepBase
@@ -97,7 +95,7 @@ class GroupEffectsState(StepMethodState):
     tune: bool
 
 
-class GroupEffectsMH(GroupMoves, SubsampleStepBase):
+class GroupEffectsMH(CompiledSweepParts, GroupMoves, SubsampleStepBase):
     r"""Sample a hierarchical model by its structure: one test per group, on its own rows.
 
     In a hierarchical model the group effects (``a`` in ``a = pm.Normal("a", mu, sd,
@@ -272,64 +270,7 @@ class GroupEffectsMH(GroupMoves, SubsampleStepBase):
         #: One exact random walk per ridge the expansion finds (``_move_ridges``).
         self._ridge_walks: list[HyperWalk] = []
         self.oracles.ensure_rows_finite()
-        obstacle = "fused=False" if not fused else fused_group_obstacle(self.oracles)
-        #: "fused" where each sweep's decisions are one compiled call, else "python: " and why
-        #: (``step_methods/fused_group_path.py``).
-        self.draw_path = "fused" if obstacle is None else f"python: {obstacle}"
-        self._fused: FusedGroupDecisions | None = None
-        self._seed_fused = True
-        self._walk: CompiledHyperWalk | None = None
-        #: Whether the hyperparameters' walk may be compiled (False once it failed to).
-        self._walk_compiles = self.hyperparameters is not None
-
-    def __getstate__(self) -> dict[str, Any]:
-        """Pickle without the fused decisions' compiled code (a worker loads it from cache)."""
-        state = self.__dict__.copy()
-        state["_fused"] = state["_walk"] = None
-        return state
-
-    def _compiled_walk(self) -> CompiledHyperWalk | None:
-        """Return the hyperparameters' walk as one compiled call, or None to walk in Python.
-
-        Compiled with the decisions (``draw_path == "fused"``), and used by
-        ``_move_hyperparameters`` where the target is the prior itself (a centred hierarchy);
-        where PyTensor's Numba backend cannot compile the prior, the walk stays in Python.
-        """
-        if self.draw_path != "fused" or not self._walk_compiles:
-            return None
-        if self._walk is None:
-            try:
-                self._walk = CompiledHyperWalk(
-                    self.oracles.numba_prior(), self.functions.free_coordinates
-                )
-            except Exception:
-                self._walk_compiles = False
-                return None
-        return self._walk
-
-    def _fused_decisions(self) -> FusedGroupDecisions | None:
-        """Return the fused decisions where the step uses them, built at the first call.
-
-        Where PyTensor's Numba backend cannot compile the model's row functions, the step
-        decides in Python from then on, and ``draw_path`` says why. At a chain's first sweep
-        Numba's generator is seeded from the chain's, so that a chain is reproducible.
-        """
-        if self.draw_path != "fused":
-            return None
-        if self._fused is None:
-            try:
-                self._fused = FusedGroupDecisions(
-                    self.functions, self.oracles, self.expansion, self.test
-                )
-            except Exception as error:
-                self.draw_path = (
-                    f"python: PyTensor's Numba backend could not compile the decisions ({error})"
-                )
-                return None
-        if self._seed_fused:
-            seed_fused_draws(self.rng)
-            self._seed_fused = False
-        return self._fused
+        self._choose_compiled_paths(fused)
 
     def describe_groups(self) -> str:
         """Name the group effects and count their groups (``"'a': 200 groups"``)."""

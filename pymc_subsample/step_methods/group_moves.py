@@ -67,7 +67,7 @@ class GroupMoves:
     hyperparameters: HyperWalk | None
     _ridge_walks: list[HyperWalk]
     #: The hyperparameters' walk as one compiled call where the step has one, else None.
-    _compiled_walk: Callable[[], CompiledHyperWalk | None]
+    _compiled_walk: Callable[[], CompiledHyperWalk | None]  # (step_methods/group_compiled.py)
 
     @property
     def factors(self) -> tuple[GroupFactor, ...]:
