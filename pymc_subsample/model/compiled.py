@@ -12,6 +12,7 @@ model are shared by every step and reference search built on it (``docs/architec
 from __future__ import annotations
 
 import gc
+import hashlib
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ __all__ = [
     "LazyFunction",
     "NumbaKernel",
     "collection_paused",
+    "compile_driver",
     "compile_function",
 ]
 
@@ -194,3 +196,34 @@ def collection_paused() -> Iterator[None]:
     finally:
         if was_enabled:
             gc.enable()
+
+
+def compile_driver(
+    source: str,
+    name: str,
+    environment: dict[str, Any],
+    key: str,
+    key_parts: Sequence[str | None],
+    **options: Any,
+) -> Callable[..., Any]:
+    """Compile generated Numba source (a driver of PyTensor's kernels), cached on disk.
+
+    The drivers of the fused draw, the group sweep's decisions and hyperparameter walk, and
+    the full-data passes are Python source generated per model that calls PyTensor's Numba
+    kernels. They are cached in PyTensor's Numba cache under ``pymc_subsample_{key}_`` and a
+    digest of ``source`` and ``key_parts`` (the kernels' own cache keys and the source of the
+    kernels the driver calls): not cached where any part is None (a kernel PyTensor did not
+    cache). ``environment`` must hold ``__name__``: Numba's cache rebuilds it by importing
+    that module. ``options`` go to Numba (``nogil=True``).
+    """
+    from pytensor.link.numba.cache import compile_numba_function_src
+    from pytensor.link.numba.dispatch.basic import numba_njit
+
+    cache_key = None
+    if all(part is not None for part in key_parts):
+        text = "\n".join([source, *(part for part in key_parts if part is not None)])
+        cache_key = f"pymc_subsample_{key}_{hashlib.sha256(text.encode()).hexdigest()}"
+    function = compile_numba_function_src(source, name, environment, cache_key=cache_key)
+    return numba_njit(
+        function, cache=cache_key is not None, final_function=True, fastmath=False, **options
+    )

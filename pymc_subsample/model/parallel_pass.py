@@ -14,7 +14,6 @@ inside: OpenBLAS's own threads on top of the pass's made a pass 10x slower on 2 
 
 from __future__ import annotations
 
-import hashlib
 import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -25,7 +24,7 @@ from typing import Any
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from pymc_subsample.model.compiled import LazyFunction, NumbaKernel
+from pymc_subsample.model.compiled import LazyFunction, NumbaKernel, compile_driver
 from pymc_subsample.model.mapped_pages import MappedRows
 
 __all__ = ["PARALLEL_ROWS", "PASS_CHUNK", "pass_threads", "summed_over_ranges"]
@@ -155,19 +154,16 @@ def _driver(kernel: NumbaKernel, n_leading: int, n_data: int, n_outputs: int) ->
 
 @cache
 def _compiled_driver(key: tuple[Any, ...], kernel_cache_key: str | None) -> Callable[..., Any]:
-    from pytensor.link.numba.cache import compile_numba_function_src
-    from pytensor.link.numba.dispatch.basic import numba_njit
-
     function, n_leading, n_data, n_outputs, n_implicit = key
     source = _driver_source(n_leading, n_data, n_outputs, n_implicit)
-    cache_key = None
-    if kernel_cache_key is not None:
-        digest = hashlib.sha256("\n".join([source, kernel_cache_key]).encode()).hexdigest()
-        cache_key = f"pymc_subsample_range_sums_{DRIVER_VERSION}_{digest}"
     environment = {"__name__": __name__, "np": np, "kernel": function}
-    driver = compile_numba_function_src(source, "range_sums", environment, cache_key=cache_key)
-    return numba_njit(
-        driver, cache=cache_key is not None, final_function=True, fastmath=False, nogil=True
+    return compile_driver(
+        source,
+        "range_sums",
+        environment,
+        f"range_sums_{DRIVER_VERSION}",
+        [kernel_cache_key],
+        nogil=True,
     )
 
 

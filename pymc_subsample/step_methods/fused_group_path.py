@@ -17,7 +17,6 @@ Where the decisions cannot be fused, :func:`fused_group_obstacle` says why, and 
 
 from __future__ import annotations
 
-import hashlib
 import inspect
 from collections.abc import Callable
 from functools import cache
@@ -29,6 +28,7 @@ from scipy.special import stdtrit
 from pymc_subsample.kernels import fused_groups
 from pymc_subsample.kernels.group_effects import DecisionCounts, GroupParts, GroupRows
 from pymc_subsample.kernels.group_tests import BARKER, STAGE_GROWTH, GroupTest
+from pymc_subsample.model.compiled import compile_driver
 
 if TYPE_CHECKING:
     from pymc_subsample.model.compiled import NumbaKernel
@@ -224,8 +224,6 @@ def _driver(
     residual: NumbaKernel,
 ) -> Callable[..., Any]:
     """Generate, compile (or load from PyTensor's Numba cache) the model's decisions driver."""
-    from pytensor.link.numba.cache import compile_numba_function_src
-    from pytensor.link.numba.dispatch.basic import numba_njit
 
     def arguments(prefix: str, count: int) -> str:
         return "".join(f", {prefix}_{k}" for k in range(count))
@@ -240,12 +238,6 @@ def _driver(
         gathered="".join(f", data_{k}[rows]" for k in range(n_data)),
         growth=STAGE_GROWTH,
     )
-    cache_key = None
-    if change.cache_key is not None and residual.cache_key is not None:
-        digest = hashlib.sha256(
-            "\n".join([source, _kernel_source(), change.cache_key, residual.cache_key]).encode()
-        ).hexdigest()
-        cache_key = f"pymc_subsample_group_decisions_{DRIVER_VERSION}_{digest}"
     environment = {
         # Numba's cache rebuilds a function's environment by importing its module by name.
         "__name__": __name__,
@@ -254,10 +246,13 @@ def _driver(
         "residual": residual.function,
         **{name: getattr(fused_groups, name) for name in fused_groups.__all__},
     }
-    function = compile_numba_function_src(
-        source, "group_decisions", environment, cache_key=cache_key
+    return compile_driver(
+        source,
+        "group_decisions",
+        environment,
+        f"group_decisions_{DRIVER_VERSION}",
+        [_kernel_source(), change.cache_key, residual.cache_key],
     )
-    return numba_njit(function, cache=cache_key is not None, final_function=True, fastmath=False)
 
 
 @cache

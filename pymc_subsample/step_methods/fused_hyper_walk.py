@@ -13,7 +13,6 @@ chain's generator as in Python, so the walk makes the same moves as the Python l
 
 from __future__ import annotations
 
-import hashlib
 import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -21,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from pymc_subsample.kernels.hyper_walk import WalkMoves
+from pymc_subsample.model.compiled import compile_driver
 
 if TYPE_CHECKING:
     from pymc_subsample.model.compiled import NumbaKernel
@@ -96,15 +96,9 @@ class CompiledHyperWalk:
 
 def _driver(prior: NumbaKernel) -> Callable[..., Any]:
     """Generate, compile (or load from PyTensor's Numba cache) the walk for ``prior``."""
-    from pytensor.link.numba.cache import compile_numba_function_src
-    from pytensor.link.numba.dispatch.basic import numba_njit
-
     shared = "".join(f", shared_{k}" for k in range(len(prior.implicit)))
     source = _DRIVER_TEMPLATE.format(shared=shared)
-    cache_key = None
-    if prior.cache_key is not None:
-        digest = hashlib.sha256("\n".join([source, prior.cache_key]).encode()).hexdigest()
-        cache_key = f"pymc_subsample_hyper_walk_{DRIVER_VERSION}_{digest}"
     environment = {"__name__": __name__, "np": np, "math": math, "prior": prior.function}
-    function = compile_numba_function_src(source, "hyper_walk", environment, cache_key=cache_key)
-    return numba_njit(function, cache=cache_key is not None, final_function=True, fastmath=False)
+    return compile_driver(
+        source, "hyper_walk", environment, f"hyper_walk_{DRIVER_VERSION}", [prior.cache_key]
+    )

@@ -17,7 +17,6 @@ path (``SubsampleMH.astep``); the step's ``draw_path`` attribute says which.
 
 from __future__ import annotations
 
-import hashlib
 import inspect
 import math
 import operator
@@ -30,7 +29,7 @@ from scipy.special import stdtrit
 
 from pymc_subsample.kernels import fused
 from pymc_subsample.kernels.proposals import IndependentProposal, RandomWalkProposal
-from pymc_subsample.model.compiled import NumbaKernel
+from pymc_subsample.model.compiled import NumbaKernel, compile_driver
 from pymc_subsample.step_methods.proposal_parts.independent import IndependentPart
 from pymc_subsample.step_methods.proposal_parts.random_walk import RandomWalkPart
 
@@ -320,9 +319,6 @@ def _driver(
     rows: NumbaKernel,
 ) -> Callable[..., Any]:
     """Generate, compile (or load from PyTensor's Numba cache) the model's draw driver."""
-    from pytensor.link.numba.cache import compile_numba_function_src
-    from pytensor.link.numba.dispatch.basic import numba_njit
-
     data_names = [f"data_{k}" for k in range(n_data)]
     prior_names = [f"prior_shared_{k}" for k in range(n_prior_shared)]
     row_names = [f"row_shared_{k}" for k in range(n_row_shared)]
@@ -337,12 +333,6 @@ def _driver(
         reference_arg=", reference" if with_reference else "",
         gathered="".join(f", {name}[rows]" for name in data_names),
     )
-    cache_key = None
-    if prior.cache_key is not None and rows.cache_key is not None:
-        digest = hashlib.sha256(
-            "\n".join([source, _kernel_source(), prior.cache_key, rows.cache_key]).encode()
-        ).hexdigest()
-        cache_key = f"pymc_subsample_fused_draw_{DRIVER_VERSION}_{digest}"
     environment = {
         # Numba's cache rebuilds a function's environment by importing its module by name.
         "__name__": __name__,
@@ -351,8 +341,13 @@ def _driver(
         "row_terms": rows.function,
         **{name: getattr(fused, name) for name in fused.__all__},
     }
-    function = compile_numba_function_src(source, "fused_draw", environment, cache_key=cache_key)
-    return numba_njit(function, cache=cache_key is not None, final_function=True, fastmath=False)
+    return compile_driver(
+        source,
+        "fused_draw",
+        environment,
+        f"fused_draw_{DRIVER_VERSION}",
+        [_kernel_source(), prior.cache_key, rows.cache_key],
+    )
 
 
 @cache
