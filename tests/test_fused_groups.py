@@ -1,9 +1,10 @@
-"""The fused decisions of a group sweep make the Python path's decisions, group by group.
+"""The fused group sweep makes the Python path's proposals and decisions, group by group.
 
-``step_methods/fused_group_path.py`` runs a sweep's decisions as one compiled call, drawing
-its rows and noise from Numba's generator, so its chains differ from the Python path's for a
-seed; the posterior tests of ``tests/test_group_effects.py`` run both. Here both decide the
-same proposals, where their decisions do not depend on which rows they draw:
+``step_methods/fused_group_path.py`` runs a factor's sweep as one compiled call, drawing its
+rows and noise from Numba's generator, so its chains differ from the Python path's for a seed;
+the posterior tests of ``tests/test_group_effects.py`` run both. Here both decide the same
+proposals, and sweep from the same point with the same noise, where their decisions do not
+depend on which rows they draw:
 
 - every group read whole (the t-test at ``error_tolerance=0``): ``Delta_g > log u`` on all of
   a group's rows, the same numbers in both;
@@ -13,8 +14,10 @@ same proposals, where their decisions do not depend on which rows they draw:
 
 Each compares the accepted groups and the counts (rows read, groups read whole, non-finite
 proposals) over several proposals (checked when written: the t-test's threshold without
-``known_g`` fails the Normal case). Which rows a stage reads is checked on its own: every row
-drawn is one of its group's, each equally likely.
+``known_g`` fails the Normal case), and the sweeps' new points (checked when written: a
+proposal drawn with the precision's square root in place of its inverse fails, and so does
+a proposal ratio of the wrong sign). Which rows a stage reads is checked on its own: every
+row drawn is one of its group's, each equally likely.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from pymc_subsample.kernels.fused import seed_generator
 from pymc_subsample.kernels.fused_groups import draw_group_rows
 from pymc_subsample.kernels.group_effects import decide_on_rows, group_effects_sweep, group_rows
 from pymc_subsample.kernels.hyper_walk import walk
-from pymc_subsample.step_methods.fused_group_path import FusedGroupDecisions
+from pymc_subsample.step_methods.fused_group_path import FusedGroupSweep
 
 SIZES = [0, 1, 3, 20, 50, 51, 80, 200, 400, 1_500, 6, 120, 900]
 
@@ -64,7 +67,7 @@ def _compare(step: GroupEffectsMH, seed: int, spoil: int | None = None) -> tuple
     step._recentre(q, newton_steps=3)
     q = step.expansion.reference_q + 0.1 * np.random.default_rng(seed).standard_normal(q.size)
     layout = step.layouts[0]
-    fused = FusedGroupDecisions(step.functions, step.oracles, step.expansion, step.test)
+    fused = FusedGroupSweep(step.functions, step.oracles, step.expansion, step.test)
     both = {}
 
     def terms(old, new, rows, groups, residual):
@@ -123,6 +126,70 @@ def test_fused_decisions_are_the_python_decisions(model):
         small = [size for size in SIZES if size <= step.batch_size]
         assert python_counts.n_full_groups == len(small)
         assert python_counts.n_data == sum(small) + step.batch_size * (len(SIZES) - len(small))
+
+
+class _ScriptedNoise:
+    """A generator whose sweep noise is given (the rows it draws come from ``rng``)."""
+
+    def __init__(self, rng, normals, scales, log_u):
+        self._rng = rng
+        self._normals, self._scales, self._log_u = normals, scales, log_u
+
+    def standard_normal(self, shape):
+        assert shape == self._normals.shape
+        return self._normals
+
+    def chisquare(self, df, size):
+        # The Python path scales its normals by sqrt(df / chi2).
+        return (df / self._scales**2).reshape(size)
+
+    def uniform(self, size):
+        return np.exp(self._log_u)
+
+    def random(self, *args, **kwargs):
+        return self._rng.random(*args, **kwargs)
+
+
+@pytest.mark.parametrize("model", ["poisson_exact", "normal_sampled"])
+def test_the_fused_sweep_is_the_python_sweep(model):
+    step = _poisson_step(0.0) if model == "poisson_exact" else _normal_step()
+    q0 = np.asarray(step.oracles.initial_q, dtype=float)
+    step._recentre(q0, newton_steps=3)
+    fused = FusedGroupSweep(step.functions, step.oracles, step.expansion, step.test)
+    coordinates, layout = step.factors[0].coordinates, step.layouts[0]
+    accepted = rejected = 0
+    for seed in range(6):
+        rng = np.random.default_rng(seed)
+        q = step.expansion.reference_q + 0.1 * rng.standard_normal(q0.size)
+        normals = rng.standard_normal(coordinates.shape)
+        scales = np.sqrt(7.0 / rng.chisquare(7.0, coordinates.shape[0]))
+        # log u raised by up to 2: about half the decisions are rejections, both compared.
+        log_u = np.log(rng.uniform(size=scales.size)) + rng.uniform(0.0, 2.0, scales.size)
+        quadratic = step.expansion.shifted(0, q)
+
+        def terms(old, new, rows, groups, residual, q=q):
+            return step._row_terms(0, q, q, old, new, rows, residual)
+
+        python, python_info = group_effects_sweep(
+            _ScriptedNoise(rng, normals, scales, log_u),
+            q,
+            coordinates,
+            partial(step.expansion.parts, 0),
+            quadratic,
+            layout,
+            terms,
+            step.batch_size,
+            step.test,
+        )
+        compiled, compiled_info = fused.sweep_with(
+            0, coordinates, layout, step.batch_size, q, quadratic, normals, scales, log_u
+        )
+        np.testing.assert_allclose(compiled, python, rtol=1e-10, atol=1e-12)
+        assert compiled_info == python_info
+        moved = python[coordinates[:, 0]] != q[coordinates[:, 0]]
+        accepted += int(moved.sum())
+        rejected += int((~moved).sum())
+    assert accepted > 10 and rejected > 10
 
 
 def test_a_nonfinite_proposal_is_rejected_and_counted_by_both():

@@ -1,17 +1,19 @@
-"""A group sweep's decisions in one compiled call (``docs/architecture.md``, "Group effects").
+"""A group sweep in one compiled call (``docs/architecture.md``, "Group effects").
 
-:class:`~pymc_subsample.GroupEffectsMH` proposes every group's new effects in NumPy and then
-decides each group on its own rows (``kernels/group_effects.decide_on_rows``): the groups read
+:class:`~pymc_subsample.GroupEffectsMH` sweeps a factor by proposing every group's new effects
+(a Newton step on the factor's parts at the current and proposed effects) and then deciding
+each group on its own rows (``kernels/group_effects.group_effects_sweep``): the groups read
 whole, the stages of the sampled groups, the groups the test was not sure of, the exact
-decisions. In Python that is a few calls of the model's compiled row functions per draw and
-some twenty NumPy operations around each, most of a draw's time on a hierarchy of a hundred
-groups. :class:`FusedGroupDecisions` runs the same decisions as one Numba function: the
-generated driver (its source names the model's tables, data arrays and the shared variables
-its functions read, cached on disk with PyTensor's Numba cache under a key made of theirs and
-the kernels' source) calls PyTensor's Numba kernels of the rows' change and residual
-functions; the numeric parts are in ``kernels/fused_groups.py``.
+decisions. In Python that is a few calls of the model's compiled functions per sweep and some
+fifty NumPy operations around them, most of a draw's time on a hierarchy of a hundred groups.
+:class:`FusedGroupSweep` runs the same sweep as one Numba function per factor: generated
+drivers (their source names the model's tables, data arrays and the shared variables its
+functions read, cached on disk with PyTensor's Numba cache under a key made of theirs and the
+kernels' source) call PyTensor's Numba kernels of the factor's parts and of the rows' change
+and residual functions; the numeric parts are in ``kernels/fused_proposals.py`` (the
+proposals) and ``kernels/fused_groups.py`` (the decisions).
 
-Where the decisions cannot be fused, :func:`fused_group_obstacle` says why, and the step's
+Where the sweep cannot be fused, :func:`fused_group_obstacle` says why, and the step's
 ``draw_path`` attribute says which path its sweeps take.
 """
 
@@ -25,8 +27,15 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from scipy.special import stdtrit
 
-from pymc_subsample.kernels import fused_groups
-from pymc_subsample.kernels.group_effects import DecisionCounts, GroupParts, GroupRows
+from pymc_subsample.kernels import fused_groups, fused_proposals, group_newton
+from pymc_subsample.kernels.group_effects import (
+    DecisionCounts,
+    GroupParts,
+    GroupQuadratic,
+    GroupRows,
+    GroupSweepInfo,
+)
+from pymc_subsample.kernels.group_newton import cell_model_derivatives, newton_gaussian
 from pymc_subsample.kernels.group_tests import BARKER, STAGE_GROWTH, GroupTest
 from pymc_subsample.model.compiled import compile_driver
 
@@ -36,26 +45,27 @@ if TYPE_CHECKING:
     from pymc_subsample.model.oracles import ModelOracles
     from pymc_subsample.step_methods.group_expansion import GroupExpansion
 
-__all__ = ["FusedGroupDecisions", "fused_group_obstacle"]
+__all__ = ["FusedGroupSweep", "fused_group_obstacle"]
 
-#: Bump when the generated driver's source changes (the key of its disk cache includes it).
-DRIVER_VERSION = 1
+#: Bump when a generated driver's source changes (the key of its disk cache includes it).
+DRIVER_VERSION = 2
 
 
 def fused_group_obstacle(oracles: ModelOracles) -> str | None:
-    """Why a group sweep's decisions cannot run as one compiled call; None if they can."""
+    """Why a group sweep cannot run as one compiled call; None if it can."""
     if oracles.rows_on_dask:
         return "the rows are read from Dask, fetched ahead of the draws in Python"
     return None
 
 
-class FusedGroupDecisions:
-    """A group step's decisions as one compiled call per factor and sweep.
+class FusedGroupSweep:
+    """A group step's sweep of each factor as one compiled call.
 
     Parameters
     ----------
     functions : GroupEffectFunctions
-        The step's functions (their ``change`` and ``residual`` are compiled for Numba).
+        The step's functions (each factor's ``parts`` and the rows' ``change`` and
+        ``residual`` are compiled for Numba).
     oracles : ModelOracles
         The rows' arrays, read at each call (``pm.set_data`` replaces them).
     expansion : GroupExpansion
@@ -81,15 +91,22 @@ class FusedGroupDecisions:
         self._test = test
         self._change = functions.change.numba_kernel()
         self._residual = functions.residual.numba_kernel()
-        n_tables = len(functions.cell_shapes)  # every gather's table
-        self._driver = _driver(
-            n_tables=n_tables,
-            n_data=len(oracles.row_arrays()),
-            n_change_shared=len(self._change.implicit),
-            n_residual_shared=len(self._residual.implicit),
-            change=self._change,
-            residual=self._residual,
+        self._shapes = {
+            "n_tables": len(functions.cell_shapes),  # every gather's table
+            "n_data": len(oracles.row_arrays()),
+            "n_change_shared": len(self._change.implicit),
+            "n_residual_shared": len(self._residual.implicit),
+        }
+        self._decisions_source = _source(_DECISIONS_TEMPLATE, **self._shapes, n_parts_shared=0)
+        self._decisions = compile_driver(
+            self._decisions_source,
+            "group_decisions",
+            self._environment(),
+            f"group_decisions_{DRIVER_VERSION}",
+            [_kernel_source(), self._change.cache_key, self._residual.cache_key],
         )
+        self._parts = [function.numba_kernel() for function in functions.parts]
+        self._sweeps = [self._sweep_driver(parts) for parts in self._parts]
         correction = test.correction
         self._correction = (
             (np.zeros(1), np.ones(1), 1.0)
@@ -102,10 +119,66 @@ class FusedGroupDecisions:
         )
         self._critical: dict[tuple[int, int], np.ndarray] = {}
 
+    def sweep(
+        self,
+        f: int,
+        coordinates: np.ndarray,
+        rows: GroupRows,
+        batch_size: int,
+        q: np.ndarray,
+        quadratic: GroupQuadratic,
+    ) -> tuple[np.ndarray, GroupSweepInfo]:
+        """Sweep factor ``f`` once from ``q``: ``kernels/group_effects.group_effects_sweep``.
+
+        ``coordinates`` are the factor's effects in ``q``, ``rows`` its rows by group,
+        ``batch_size`` the rows of a first stage and ``quadratic`` its expansion at ``q``.
+        The noise comes from Numba's generator (:func:`~.fused_proposals.sweep_noise`).
+        """
+        normals, scales, log_u = fused_proposals.sweep_noise(*coordinates.shape)
+        return self.sweep_with(
+            f, coordinates, rows, batch_size, q, quadratic, normals, scales, log_u
+        )
+
+    def sweep_with(
+        self,
+        f: int,
+        coordinates: np.ndarray,
+        rows: GroupRows,
+        batch_size: int,
+        q: np.ndarray,
+        quadratic: GroupQuadratic,
+        normals: np.ndarray,
+        scales: np.ndarray,
+        log_u: np.ndarray,
+    ) -> tuple[np.ndarray, GroupSweepInfo]:
+        """Sweep as :meth:`sweep` with the given noise (:func:`~.fused_proposals.sweep_noise`)."""
+        counts = np.zeros(len(fused_groups.COUNT_FIELDS) + 1, dtype=np.int64)
+        expansion = self._expansion
+        contiguous = np.ascontiguousarray
+        result = self._sweeps[f](
+            q,
+            coordinates,
+            contiguous(quadratic.reference_cells, dtype=np.float64),
+            contiguous(quadratic.gradient, dtype=np.float64),
+            contiguous(quadratic.hessian, dtype=np.float64),
+            normals,
+            scales,
+            log_u,
+            *self._test_arguments(rows, batch_size),
+            counts,
+            *expansion.reference_tables,
+            *self._oracles.row_arrays(),
+            *self._parts[f].implicit_values(),
+            *self._change.implicit_values(),
+            *self._residual.implicit_values(),
+        )
+        n_data, n_full_groups, n_nonfinite, n_accepted = (int(count) for count in counts)
+        return result, GroupSweepInfo(n_data, n_accepted, n_full_groups, n_nonfinite)
+
     def decisions(
         self, rows: GroupRows, batch_size: int, q: np.ndarray
     ) -> Callable[..., tuple[np.ndarray, DecisionCounts]]:
-        """Return one factor's decisions (``kernels/group_effects.GroupDecisions``) at ``q``.
+        """Return one factor's decisions alone (``kernels/group_effects.GroupDecisions``) at ``q``.
 
         ``rows`` are the factor's rows by group, ``batch_size`` the rows of a first stage.
         """
@@ -120,22 +193,14 @@ class FusedGroupDecisions:
             accept = np.zeros(rest.size, dtype=np.bool_)
             counts = np.zeros(len(fused_groups.COUNT_FIELDS), dtype=np.int64)
             expansion = self._expansion
-            test = self._test
-            self._driver(
+            arguments = self._test_arguments(rows, batch_size)
+            self._decisions(
                 q,
-                expansion.reference_q,
-                rows.order,
-                rows.starts,
-                rows.sizes,
-                rows.whole,
+                *arguments[:5],
                 np.ascontiguousarray(rest, dtype=np.float64),
                 np.ascontiguousarray(known, dtype=np.float64),
                 np.ascontiguousarray(log_u, dtype=np.float64),
-                batch_size,
-                test.exact,
-                fused_groups.BARKER if test.kind == BARKER else fused_groups.AUSTERITY,
-                self._critical_values(rows, batch_size),
-                *self._correction,
+                *arguments[5:],
                 accept,
                 counts,
                 *old.tables,
@@ -148,6 +213,52 @@ class FusedGroupDecisions:
             return accept, DecisionCounts(*(int(count) for count in counts))
 
         return decide
+
+    def _test_arguments(self, rows: GroupRows, batch_size: int) -> tuple[Any, ...]:
+        """Return the drivers' arguments from ``reference_q`` to the correction's sd."""
+        test = self._test
+        return (
+            self._expansion.reference_q,
+            rows.order,
+            rows.starts,
+            rows.sizes,
+            rows.whole,
+            batch_size,
+            test.exact,
+            fused_groups.BARKER if test.kind == BARKER else fused_groups.AUSTERITY,
+            self._critical_values(rows, batch_size),
+            *self._correction,
+        )
+
+    def _environment(self) -> dict[str, Any]:
+        return {
+            # Numba's cache rebuilds a function's environment by importing its module by name.
+            "__name__": __name__,
+            "np": np,
+            "change": self._change.function,
+            "residual": self._residual.function,
+            **{name: getattr(fused_groups, name) for name in fused_groups.__all__},
+            **{name: getattr(fused_proposals, name) for name in fused_proposals.__all__},
+            "cell_model_derivatives": cell_model_derivatives,
+            "newton_gaussian": newton_gaussian,
+        }
+
+    def _sweep_driver(self, parts: NumbaKernel) -> Callable[..., Any]:
+        """Generate, compile (or load from the cache) the sweep of a factor with ``parts``."""
+        source = _source(_SWEEP_TEMPLATE, **self._shapes, n_parts_shared=len(parts.implicit))
+        return compile_driver(
+            source,
+            "group_sweep",
+            {**self._environment(), "parts": parts.function, "decisions": self._decisions},
+            f"group_sweep_{DRIVER_VERSION}",
+            [
+                _kernel_source(),
+                self._decisions_source,
+                parts.cache_key,
+                self._change.cache_key,
+                self._residual.cache_key,
+            ],
+        )
 
     def _critical_values(self, rows: GroupRows, batch_size: int) -> np.ndarray:
         """Return the t-test's ``t_{m-1}`` quantile ``1 - epsilon`` at each stage's count ``m``.
@@ -169,7 +280,7 @@ class FusedGroupDecisions:
         return values
 
 
-_DRIVER_TEMPLATE = """
+_DECISIONS_TEMPLATE = """
 def group_decisions(
     q, reference_q, order, starts, sizes, whole, rest, known, log_u, batch_size, exact_only,
     test, critical, correction_support, correction_cumulative, correction_sd, accept,
@@ -214,48 +325,72 @@ def group_decisions(
 """
 
 
-def _driver(
+_SWEEP_TEMPLATE = """
+def group_sweep(
+    q, coordinates, reference_cells, cell_gradient, cell_hessian, normals, scales, log_u,
+    reference_q, order, starts, sizes, whole, batch_size, exact_only, test, critical,
+    correction_support, correction_cumulative, correction_sd,
+    counts{reference}{data}{parts_shared}{change_shared}{residual_shared}
+):
+    old = parts(q{parts_shared})
+    x = effects_of(q, coordinates)
+    gradient, hessian = cell_model_derivatives(
+        old[1], old[2], old[3], old[4], reference_cells, cell_gradient, cell_hessian
+    )
+    forward = newton_gaussian(x, gradient, hessian)
+    x_new = newton_proposal(forward[0], forward[1], forward[2], normals, scales)
+    new = parts(with_effects(q, coordinates, x_new, x){parts_shared})
+    gradient, hessian = cell_model_derivatives(
+        new[1], new[2], new[3], new[4], reference_cells, cell_gradient, cell_hessian
+    )
+    backward = newton_gaussian(x_new, gradient, hessian)
+    rest, known = proposal_terms(
+        x, x_new, old[0], new[0], forward, backward, reference_cells, cell_gradient,
+        cell_hessian, old[3], new[3],
+    )
+    accept = np.zeros(rest.size, dtype=np.bool_)
+    decisions(
+        q, reference_q, order, starts, sizes, whole, rest, known, log_u, batch_size, exact_only,
+        test, critical, correction_support, correction_cumulative, correction_sd, accept,
+        counts{old_tables}{new_tables}{reference}{data}{change_shared}{residual_shared}
+    )
+    counts[3] = accept.sum()
+    return accepted_point(q, coordinates, x_new, accept)
+"""
+
+
+def _source(
+    template: str,
     *,
     n_tables: int,
     n_data: int,
+    n_parts_shared: int,
     n_change_shared: int,
     n_residual_shared: int,
-    change: NumbaKernel,
-    residual: NumbaKernel,
-) -> Callable[..., Any]:
-    """Generate, compile (or load from PyTensor's Numba cache) the model's decisions driver."""
+) -> str:
+    """Write a driver's source for a model's numbers of tables, data arrays and shared inputs."""
 
     def arguments(prefix: str, count: int) -> str:
         return "".join(f", {prefix}_{k}" for k in range(count))
 
-    source = _DRIVER_TEMPLATE.format(
+    return template.format(
         old=arguments("old", n_tables),
         new=arguments("new", n_tables),
+        old_tables="".join(f", np.ascontiguousarray(old[{5 + k}])" for k in range(n_tables)),
+        new_tables="".join(f", np.ascontiguousarray(new[{5 + k}])" for k in range(n_tables)),
         reference=arguments("reference", n_tables),
         data=arguments("data", n_data),
+        parts_shared=arguments("parts_shared", n_parts_shared),
         change_shared=arguments("change_shared", n_change_shared),
         residual_shared=arguments("residual_shared", n_residual_shared),
         gathered="".join(f", data_{k}[rows]" for k in range(n_data)),
         growth=STAGE_GROWTH,
     )
-    environment = {
-        # Numba's cache rebuilds a function's environment by importing its module by name.
-        "__name__": __name__,
-        "np": np,
-        "change": change.function,
-        "residual": residual.function,
-        **{name: getattr(fused_groups, name) for name in fused_groups.__all__},
-    }
-    return compile_driver(
-        source,
-        "group_decisions",
-        environment,
-        f"group_decisions_{DRIVER_VERSION}",
-        [_kernel_source(), change.cache_key, residual.cache_key],
-    )
 
 
 @cache
 def _kernel_source() -> str:
-    """Return the source of ``kernels/fused_groups.py``, part of the driver's cache key."""
-    return inspect.getsource(fused_groups)
+    """Return the source of the kernels the drivers call, part of their cache keys."""
+    return "\n".join(
+        inspect.getsource(module) for module in (fused_groups, fused_proposals, group_newton)
+    )

@@ -1,7 +1,7 @@
 """Which parts of a group sweep run compiled, built when first used (``docs/architecture.md``).
 
 :class:`CompiledSweepParts` is a mixin of :class:`~pymc_subsample.GroupEffectsMH`: it chooses
-the step's ``draw_path`` and builds, at a chain's first sweep, the fused decisions
+the step's ``draw_path`` and builds, at a chain's first sweep, the fused sweep
 (``step_methods/fused_group_path.py``) and the compiled hyperparameter walk
 (``step_methods/fused_hyper_walk.py``), keeping them out of the pickles sent to worker
 processes (a worker loads them from the disk cache). It reads the members it declares and
@@ -16,7 +16,7 @@ import numpy as np
 
 from pymc_subsample.kernels.group_tests import GroupTest
 from pymc_subsample.kernels.hyper_walk import HyperWalk
-from pymc_subsample.step_methods.fused_group_path import FusedGroupDecisions, fused_group_obstacle
+from pymc_subsample.step_methods.fused_group_path import FusedGroupSweep, fused_group_obstacle
 from pymc_subsample.step_methods.fused_hyper_walk import CompiledHyperWalk
 from pymc_subsample.step_methods.fused_path import seed_fused_draws
 
@@ -29,7 +29,7 @@ __all__ = ["CompiledSweepParts"]
 
 
 class CompiledSweepParts:
-    """The group step's compiled decisions and hyperparameter walk, and its ``draw_path``."""
+    """The group step's compiled sweep and hyperparameter walk, and its ``draw_path``."""
 
     # What the mixin reads of the step.
     functions: GroupEffectFunctions
@@ -42,10 +42,10 @@ class CompiledSweepParts:
     def _choose_compiled_paths(self, fused: bool) -> None:
         """Set ``draw_path`` from the ``fused`` argument and the rows; nothing is built yet."""
         obstacle = "fused=False" if not fused else fused_group_obstacle(self.oracles)
-        #: "fused" where each sweep's decisions are one compiled call, else "python: " and why
+        #: "fused" where each factor's sweep is one compiled call, else "python: " and why
         #: (``step_methods/fused_group_path.py``).
         self.draw_path = "fused" if obstacle is None else f"python: {obstacle}"
-        self._fused: FusedGroupDecisions | None = None
+        self._fused: FusedGroupSweep | None = None
         self._seed_fused = True
         self._walk: CompiledHyperWalk | None = None
         #: Whether the hyperparameters' walk may be compiled (False once it failed to).
@@ -60,7 +60,7 @@ class CompiledSweepParts:
     def _compiled_walk(self) -> CompiledHyperWalk | None:
         """Return the hyperparameters' walk as one compiled call, or None to walk in Python.
 
-        Compiled with the decisions (``draw_path == "fused"``), and used by
+        Compiled with the sweep (``draw_path == "fused"``), and used by
         ``_move_hyperparameters`` where the target is the prior itself (a centred hierarchy);
         where PyTensor's Numba backend cannot compile the prior, the walk stays in Python.
         """
@@ -76,8 +76,8 @@ class CompiledSweepParts:
                 return None
         return self._walk
 
-    def _fused_decisions(self) -> FusedGroupDecisions | None:
-        """Return the fused decisions where the step uses them, built at the first call.
+    def _fused_sweep(self) -> FusedGroupSweep | None:
+        """Return the fused sweep where the step uses it, built at the first call.
 
         Where PyTensor's Numba backend cannot compile the model's row functions, the step
         decides in Python from then on, and ``draw_path`` says why. At a chain's first sweep
@@ -87,12 +87,12 @@ class CompiledSweepParts:
             return None
         if self._fused is None:
             try:
-                self._fused = FusedGroupDecisions(
+                self._fused = FusedGroupSweep(
                     self.functions, self.oracles, self.expansion, self.test
                 )
             except Exception as error:
                 self.draw_path = (
-                    f"python: PyTensor's Numba backend could not compile the decisions ({error})"
+                    f"python: PyTensor's Numba backend could not compile the sweep ({error})"
                 )
                 return None
         if self._seed_fused:

@@ -418,32 +418,35 @@ class GroupEffectsMH(CompiledSweepParts, GroupMoves, SubsampleStepBase):
         assert self.expansion.quadratics is not None
         self._draws += 1
         totals = dict.fromkeys(GroupSweepInfo._fields, 0)
-        fused = self._fused_decisions()
+        fused = self._fused_sweep()
         for f, (factor, layout) in enumerate(zip(self.factors, self.layouts, strict=True)):
+            quadratic = self.expansion.shifted(f, q)
+            if fused is not None:
+                q, info = fused.sweep(f, factor.coordinates, layout, self.batch_size, q, quadratic)
+            else:
 
-            def terms(
-                old: GroupParts,
-                new: GroupParts,
-                rows: np.ndarray,
-                _groups: np.ndarray,
-                residual: bool,
-                f: int = f,
-                point: np.ndarray = q,
-            ) -> np.ndarray:
-                return self._row_terms(f, point, point, old, new, rows, residual)
+                def terms(
+                    old: GroupParts,
+                    new: GroupParts,
+                    rows: np.ndarray,
+                    _groups: np.ndarray,
+                    residual: bool,
+                    f: int = f,
+                    point: np.ndarray = q,
+                ) -> np.ndarray:
+                    return self._row_terms(f, point, point, old, new, rows, residual)
 
-            q, info = group_effects_sweep(
-                self.rng,
-                q,
-                factor.coordinates,
-                partial(self.expansion.parts, f),
-                self.expansion.shifted(f, q),
-                layout,
-                terms,
-                self.batch_size,
-                self.test,
-                None if fused is None else fused.decisions(layout, self.batch_size, q),
-            )
+                q, info = group_effects_sweep(
+                    self.rng,
+                    q,
+                    factor.coordinates,
+                    partial(self.expansion.parts, f),
+                    quadratic,
+                    layout,
+                    terms,
+                    self.batch_size,
+                    self.test,
+                )
             for field, value in info._asdict().items():
                 totals[field] += value
         if self.expansion.ridges:
