@@ -52,6 +52,20 @@ def _poisson_step(error_tolerance: float) -> GroupEffectsMH:
         return GroupEffectsMH([model["a"]], error_tolerance=error_tolerance)
 
 
+def _three_effects_step() -> GroupEffectsMH:
+    """Poisson rows with a varying intercept and two varying slopes, decided exactly."""
+    group, rng = _groups()
+    x = rng.normal(size=(group.size, 2))
+    y = rng.poisson(np.exp(0.5 + 0.3 * x[:, 0] - 0.2 * x[:, 1]))
+    with pm.Model(coords={"group": range(len(SIZES))}) as model:
+        a = pm.Normal("a", 0.5, 1.0, dims="group")
+        b = pm.Normal("b", 0.0, 1.0, dims="group")
+        c = pm.Normal("c", 0.0, 1.0, dims="group")
+        g = pm.Data("g", group)
+        pm.Poisson("y", pm.math.exp(a[g] + b[g] * x[:, 0] + c[g] * x[:, 1]), observed=y)
+        return GroupEffectsMH([model["a"], model["b"], model["c"]], error_tolerance=0.0)
+
+
 def _normal_step() -> GroupEffectsMH:
     group, rng = _groups()
     y = rng.normal(rng.normal(0.0, 1.0, len(SIZES))[group], 2.0)
@@ -150,9 +164,12 @@ class _ScriptedNoise:
         return self._rng.random(*args, **kwargs)
 
 
-@pytest.mark.parametrize("model", ["poisson_exact", "normal_sampled"])
+@pytest.mark.parametrize("model", ["poisson_exact", "normal_sampled", "three_effects"])
 def test_the_fused_sweep_is_the_python_sweep(model):
-    step = _poisson_step(0.0) if model == "poisson_exact" else _normal_step()
+    """Also with three effects per group, where the sweep diagonalises by LAPACK."""
+    steps = {"poisson_exact": lambda: _poisson_step(0.0), "three_effects": _three_effects_step}
+    step = steps.get(model, _normal_step)()
+    assert step.factors[0].size == (3 if model == "three_effects" else 1)
     q0 = np.asarray(step.oracles.initial_q, dtype=float)
     step._recentre(q0, newton_steps=3)
     fused = FusedGroupSweep(step.functions, step.oracles, step.expansion, step.test)

@@ -13,7 +13,8 @@ these steps is a dozen array operations on ``(G, k, k)`` stacks, each costing mo
 overhead than its arithmetic; here each is one loop over the groups. One or two effects per
 group (a varying intercept, and a slope) are diagonalised in closed form (a 2 x 2 symmetric
 matrix ``[[a, b], [b, c]]`` by the rotation through ``theta = atan2(2 b, a - c) / 2``), more by
-LAPACK's ``eigh``. ``docs/architecture.md``, "Group effects".
+LAPACK's ``eigh`` (compiled for Numba only where a group has more than two effects: it takes
+seconds to compile). ``docs/architecture.md``, "Group effects".
 """
 
 from __future__ import annotations
@@ -27,8 +28,12 @@ __all__ = [
     "PRECISION_FLOOR",
     "PROPOSAL_DF",
     "cell_model_derivatives",
+    "lapack_symmetric_eigen",
     "newton_gaussian",
+    "newton_mean",
+    "newton_precision",
     "proposal_log_density",
+    "small_symmetric_eigen",
     "symmetric_eigen",
 ]
 
@@ -47,8 +52,8 @@ _jit = numba.njit(cache=True, error_model="numpy")
 
 
 @_jit
-def symmetric_eigen(matrices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Eigenvalues ``(G, k)`` and eigenvectors (as columns, ``(G, k, k)``) of symmetric matrices."""
+def small_symmetric_eigen(matrices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`symmetric_eigen` of ``1 x 1`` or ``2 x 2`` matrices, in closed form."""
     n_groups, k = matrices.shape[0], matrices.shape[1]
     values = np.empty((n_groups, k))
     vectors = np.zeros((n_groups, k, k))
@@ -56,7 +61,7 @@ def symmetric_eigen(matrices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         if k == 1:
             values[g, 0] = matrices[g, 0, 0]
             vectors[g, 0, 0] = 1.0
-        elif k == 2:
+        else:
             a, b, c = matrices[g, 0, 0], matrices[g, 0, 1], matrices[g, 1, 1]
             theta = 0.5 * math.atan2(2.0 * b, a - c)
             cos, sin = math.cos(theta), math.sin(theta)
@@ -65,24 +70,44 @@ def symmetric_eigen(matrices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
             values[g, 1] = a * sin * sin - cross + c * cos * cos
             vectors[g, 0, 0], vectors[g, 0, 1] = cos, -sin
             vectors[g, 1, 0], vectors[g, 1, 1] = sin, cos
-        else:
-            group_values, group_vectors = np.linalg.eigh(np.ascontiguousarray(matrices[g]))
-            values[g] = group_values
-            vectors[g] = group_vectors
     return values, vectors
 
 
 @_jit
-def newton_gaussian(
-    x: np.ndarray, gradient: np.ndarray, hessian: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Return each group's Newton proposal: mean, and the precision's eigenvectors and values.
+def lapack_symmetric_eigen(matrices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`symmetric_eigen` of matrices of any size, by LAPACK's ``eigh`` group by group.
 
-    The precision is ``-hessian`` symmetrised, with its eigenvalues' magnitudes floored at
-    :data:`PRECISION_FLOOR`; a group whose gradient or Hessian is not finite gets the identity
-    precision and a NaN mean (its proposal is then rejected).
+    Compiled only where a group has more than two effects: Numba's ``eigh`` takes seconds to
+    compile.
     """
-    n_groups, k = x.shape
+    n_groups, k = matrices.shape[0], matrices.shape[1]
+    values = np.empty((n_groups, k))
+    vectors = np.zeros((n_groups, k, k))
+    for g in range(n_groups):
+        group_values, group_vectors = np.linalg.eigh(np.ascontiguousarray(matrices[g]))
+        values[g] = group_values
+        vectors[g] = group_vectors
+    return values, vectors
+
+
+def symmetric_eigen(matrices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Eigenvalues ``(G, k)`` and eigenvectors (as columns, ``(G, k, k)``) of symmetric matrices.
+
+    In closed form up to ``2 x 2`` (:func:`small_symmetric_eigen`), else NumPy's ``eigh``.
+    """
+    if matrices.shape[1] <= 2:
+        return small_symmetric_eigen(np.ascontiguousarray(matrices, dtype=np.float64))
+    values, vectors = np.linalg.eigh(matrices)
+    return np.ascontiguousarray(values), np.ascontiguousarray(vectors)
+
+
+@_jit
+def newton_precision(gradient: np.ndarray, hessian: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Return each group's precision ``-hessian`` symmetrised, and whether its model is finite.
+
+    A group whose gradient or Hessian is not finite gets the identity precision.
+    """
+    n_groups, k = gradient.shape
     precision = np.empty((n_groups, k, k))
     finite = np.empty(n_groups, dtype=np.bool_)
     for g in range(n_groups):
@@ -98,7 +123,24 @@ def newton_gaussian(
                     precision[g, i, j] = -0.5 * (hessian[g, i, j] + hessian[g, j, i])
                 else:
                     precision[g, i, j] = 1.0 if i == j else 0.0
-    values, vectors = symmetric_eigen(precision)
+    return precision, finite
+
+
+@_jit
+def newton_mean(
+    x: np.ndarray,
+    gradient: np.ndarray,
+    finite: np.ndarray,
+    values: np.ndarray,
+    vectors: np.ndarray,
+) -> np.ndarray:
+    """Return each group's Newton mean ``x + P^-1 grad``; floor ``values`` in place.
+
+    ``values`` and ``vectors`` are the precision's eigen-decomposition; its eigenvalues are
+    replaced by their magnitudes floored at :data:`PRECISION_FLOOR`. A group whose model is
+    not ``finite`` gets a NaN mean (its proposal is then rejected).
+    """
+    n_groups, k = x.shape
     mean = np.empty((n_groups, k))
     rotated = np.empty(k)
     for g in range(n_groups):
@@ -113,6 +155,23 @@ def newton_gaussian(
             for i in range(k):
                 step += vectors[g, a, i] * rotated[i]
             mean[g, a] = x[g, a] + step if finite[g] else math.nan
+    return mean
+
+
+def newton_gaussian(
+    x: np.ndarray, gradient: np.ndarray, hessian: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Return each group's Newton proposal: mean, and the precision's eigenvectors and values.
+
+    The precision is ``-hessian`` symmetrised, with its eigenvalues' magnitudes floored at
+    :data:`PRECISION_FLOOR`; a group whose gradient or Hessian is not finite gets the identity
+    precision and a NaN mean (its proposal is then rejected). The compiled sweep makes the
+    same three calls (``step_methods/fused_group_path.py``).
+    """
+    gradient = np.ascontiguousarray(gradient, dtype=np.float64)
+    precision, finite = newton_precision(gradient, np.ascontiguousarray(hessian, dtype=np.float64))
+    values, vectors = symmetric_eigen(precision)
+    mean = newton_mean(np.ascontiguousarray(x, dtype=np.float64), gradient, finite, values, vectors)
     return mean, vectors, values
 
 

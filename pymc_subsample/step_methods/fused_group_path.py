@@ -35,7 +35,6 @@ from pymc_subsample.kernels.group_effects import (
     GroupRows,
     GroupSweepInfo,
 )
-from pymc_subsample.kernels.group_newton import cell_model_derivatives, newton_gaussian
 from pymc_subsample.kernels.group_tests import BARKER, STAGE_GROWTH, GroupTest
 from pymc_subsample.model.compiled import compile_driver
 
@@ -47,6 +46,14 @@ if TYPE_CHECKING:
 
 __all__ = ["FusedGroupSweep", "fused_group_obstacle"]
 
+#: The compiled parts of ``kernels/group_newton.py`` the sweep calls.
+_NEWTON_KERNELS = (
+    "cell_model_derivatives",
+    "lapack_symmetric_eigen",
+    "newton_mean",
+    "newton_precision",
+    "small_symmetric_eigen",
+)
 #: Bump when a generated driver's source changes (the key of its disk cache includes it).
 DRIVER_VERSION = 2
 
@@ -91,7 +98,7 @@ class FusedGroupSweep:
         self._test = test
         self._change = functions.change.numba_kernel()
         self._residual = functions.residual.numba_kernel()
-        self._shapes = {
+        self._shapes: dict[str, Any] = {
             "n_tables": len(functions.cell_shapes),  # every gather's table
             "n_data": len(oracles.row_arrays()),
             "n_change_shared": len(self._change.implicit),
@@ -106,7 +113,10 @@ class FusedGroupSweep:
             [_kernel_source(), self._change.cache_key, self._residual.cache_key],
         )
         self._parts = [function.numba_kernel() for function in functions.parts]
-        self._sweeps = [self._sweep_driver(parts) for parts in self._parts]
+        self._sweeps = [
+            self._sweep_driver(parts, factor.size)
+            for parts, factor in zip(self._parts, functions.factors, strict=True)
+        ]
         correction = test.correction
         self._correction = (
             (np.zeros(1), np.ones(1), 1.0)
@@ -239,13 +249,19 @@ class FusedGroupSweep:
             "residual": self._residual.function,
             **{name: getattr(fused_groups, name) for name in fused_groups.__all__},
             **{name: getattr(fused_proposals, name) for name in fused_proposals.__all__},
-            "cell_model_derivatives": cell_model_derivatives,
-            "newton_gaussian": newton_gaussian,
+            **{name: getattr(group_newton, name) for name in _NEWTON_KERNELS},
         }
 
-    def _sweep_driver(self, parts: NumbaKernel) -> Callable[..., Any]:
-        """Generate, compile (or load from the cache) the sweep of a factor with ``parts``."""
-        source = _source(_SWEEP_TEMPLATE, **self._shapes, n_parts_shared=len(parts.implicit))
+    def _sweep_driver(self, parts: NumbaKernel, k: int) -> Callable[..., Any]:
+        """Generate, compile (or load from the cache) the sweep of a factor with ``parts``.
+
+        ``k`` is the factor's effects per group: up to two, their Newton precisions are
+        diagonalised in closed form, and LAPACK's ``eigh`` is not compiled.
+        """
+        eigen = "small_symmetric_eigen" if k <= 2 else "lapack_symmetric_eigen"
+        source = _source(
+            _SWEEP_TEMPLATE, **self._shapes, n_parts_shared=len(parts.implicit), eigen=eigen
+        )
         return compile_driver(
             source,
             "group_sweep",
@@ -337,13 +353,17 @@ def group_sweep(
     gradient, hessian = cell_model_derivatives(
         old[1], old[2], old[3], old[4], reference_cells, cell_gradient, cell_hessian
     )
-    forward = newton_gaussian(x, gradient, hessian)
+    precision, finite = newton_precision(gradient, hessian)
+    values, vectors = {eigen}(precision)
+    forward = (newton_mean(x, gradient, finite, values, vectors), vectors, values)
     x_new = newton_proposal(forward[0], forward[1], forward[2], normals, scales)
     new = parts(with_effects(q, coordinates, x_new, x){parts_shared})
     gradient, hessian = cell_model_derivatives(
         new[1], new[2], new[3], new[4], reference_cells, cell_gradient, cell_hessian
     )
-    backward = newton_gaussian(x_new, gradient, hessian)
+    precision, finite = newton_precision(gradient, hessian)
+    values, vectors = {eigen}(precision)
+    backward = (newton_mean(x_new, gradient, finite, values, vectors), vectors, values)
     rest, known = proposal_terms(
         x, x_new, old[0], new[0], forward, backward, reference_cells, cell_gradient,
         cell_hessian, old[3], new[3],
@@ -367,8 +387,12 @@ def _source(
     n_parts_shared: int,
     n_change_shared: int,
     n_residual_shared: int,
+    eigen: str = "",
 ) -> str:
-    """Write a driver's source for a model's numbers of tables, data arrays and shared inputs."""
+    """Write a driver's source for a model's numbers of tables, data arrays and shared inputs.
+
+    ``eigen`` names the sweep's eigen-decomposition (``kernels/group_newton.py``).
+    """
 
     def arguments(prefix: str, count: int) -> str:
         return "".join(f", {prefix}_{k}" for k in range(count))
@@ -385,6 +409,7 @@ def _source(
         residual_shared=arguments("residual_shared", n_residual_shared),
         gathered="".join(f", data_{k}[rows]" for k in range(n_data)),
         growth=STAGE_GROWTH,
+        eigen=eigen,
     )
 
 
