@@ -187,7 +187,8 @@ def test_auto_picks_the_proposal():
         sigma = pm.HalfNormal("sigma", 2)
         effects = pm.Normal("effects", mu, sigma, shape=5)
         pm.Normal("y", effects[group], 1.0, observed=y)
-        in_compound = pms.AusterityMH([effects])
+        # The one-block step (given a hierarchy's effects, vars takes the group route).
+        in_compound = pms.AusterityMH([effects], group_effects=False)
         hyperparameters = pms.AusterityMH([mu, sigma])
         explicit = pms.AusterityMH([effects], proposal="random_walk")
     # A compound step's conditional posterior moves: trajectories, not a fixed Laplace draw.

@@ -76,6 +76,27 @@ def test_flat_parameter_outside_the_likelihood_is_named(design):
         pms.AusterityMH(vars=[offset])
 
 
+@pytest.mark.parametrize("group_effects", ["auto", False])
+def test_flat_hyperparameters_of_a_hierarchy_do_not_warn(group_effects):
+    """No row reads a centred hierarchy's mean and scale, but the groups' prior does.
+
+    On the main before this case both flat hyperparameters were named "probably improper",
+    under the group step and the one-block step alike.
+    """
+    rng = np.random.default_rng(2)
+    group = rng.integers(0, 8, 1_000)
+    with pm.Model() as model:
+        mu = pm.Flat("mu")
+        tau = pm.HalfFlat("tau")
+        a = pm.Normal("a", mu, tau, shape=8)
+        pm.Normal("y", a[pm.Data("g", group)], 1.0, observed=rng.normal(size=group.size))
+    said = [str(w.message) for w in _step_warnings(model, group_effects=group_effects)]
+    assert not [message for message in said if "improper" in message], said
+    # A step over the scale alone moves it on the groups' prior: not refused.
+    with model:
+        pms.AusterityMH(vars=[tau], group_effects=False)
+
+
 def test_unidentified_coordinates_names_the_flat_direction():
     x = np.random.default_rng(1).normal(size=(50, 3))
     x = np.column_stack([x, 2.0 * x[:, 1] - x[:, 2]])

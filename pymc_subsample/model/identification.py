@@ -22,6 +22,8 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 from pymc.distributions.continuous import FlatRV, HalfFlatRV
 from pymc.model import Model
+from pytensor.graph.basic import Variable
+from pytensor.graph.traversal import ancestors
 from pytensor.tensor.variable import TensorVariable
 
 from pymc_subsample.warnings import warn_user
@@ -50,6 +52,10 @@ def flat_prior_coordinates(
 ) -> dict[str, np.ndarray]:
     """Positions in the raveled ``q`` of the step's variables whose prior is flat.
 
+    A flat-prior variable that another free variable's distribution reads (a hierarchy's
+    ``mu`` and ``tau`` in ``a ~ Normal(mu, tau)``) is left out: that distribution gives it
+    information whether or not any row reads it, and its posterior is not flat.
+
     Parameters
     ----------
     model : pymc.Model
@@ -66,13 +72,27 @@ def flat_prior_coordinates(
     """
     coordinates: dict[str, np.ndarray] = {}
     offset = 0
+    read_by_priors: set[Variable] | None = None
     for value in vars:
         size = int(np.size(initial_point[str(value.name)]))
         rv = model.values_to_rvs[value]
         if rv.owner is not None and isinstance(rv.owner.op, FlatRV | HalfFlatRV):
-            coordinates[str(rv.name)] = np.arange(offset, offset + size)
+            if read_by_priors is None:
+                read_by_priors = _read_by_priors(model)
+            if rv not in read_by_priors:
+                coordinates[str(rv.name)] = np.arange(offset, offset + size)
         offset += size
     return coordinates
+
+
+def _read_by_priors(model: Model) -> set[Variable]:
+    """Return the free random variables that some other free variable's distribution reads."""
+    free = set(model.free_RVs)
+    read: set[Variable] = set()
+    for rv in model.free_RVs:
+        assert rv.owner is not None
+        read.update(v for v in ancestors(rv.owner.inputs) if v in free and v is not rv)
+    return read
 
 
 def refuse_flat_priors_outside_the_likelihood(coordinates: Mapping[str, np.ndarray]) -> None:

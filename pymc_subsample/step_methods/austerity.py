@@ -141,8 +141,10 @@ class AusterityMH(SubsampleMH, test=SequentialTTest):
     group_effects : {"auto", True, False}, default "auto"
         On a hierarchy (group effects read by the rows through a group index, such as
         ``a[group_idx]``), ``"auto"`` builds :class:`~pymc_subsample.GroupEffectsMH` with
-        this step's test instead, when no argument but ``error_tolerance``, ``model``,
-        ``rng``, ``obs_dim`` and ``compile_kwargs`` is given: each group's effects are
+        this step's test instead, when no argument but ``vars``, ``error_tolerance``,
+        ``model``, ``rng``, ``obs_dim``, ``compile_kwargs`` and ``fused`` is given (``vars``
+        holding a hierarchy's group effects, as in a compound step with PyMC's samplers,
+        which the group step then holds at their values): each group's effects are
         decided on their own rows, the hyperparameters on none, so a draw reads
         O(groups x batch) rows whatever N. It says so once on PyMC's logger (the line beside
         ``pm.sample``'s own), and why not where a hierarchy's structure is one that step

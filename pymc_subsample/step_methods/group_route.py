@@ -1,11 +1,13 @@
 """The default steps' route for hierarchies: ``AusterityMH()`` on a hierarchy samples it by group.
 
-``pms.AusterityMH()`` and ``pms.MinibatchBarkerMH()`` left at their defaults (no ``vars``, no
-setting but the test's error and the model, generator, row dimension and compiler options)
-build a :class:`~pymc_subsample.GroupEffectsMH` with their own test where the model is a
-hierarchy whose structure that step takes (``model/group_effects.py``), and say so once on
-PyMC's logger; elsewhere, or with ``group_effects=False``, they are the one-block steps they
-always were. ``docs/architecture.md``, "Group effects", "Chosen by the defaults".
+``pms.AusterityMH()`` and ``pms.MinibatchBarkerMH()`` left at their defaults (no setting but
+``vars``, the test's error and the model, generator, row dimension and compiler options) build
+a :class:`~pymc_subsample.GroupEffectsMH` with their own test where the model, or the
+variables in ``vars`` (a hierarchy's effects and hyperparameters beside PyMC's steps in a
+compound step), is a hierarchy whose structure that step takes (``model/group_effects.py``),
+and say so once on PyMC's logger; elsewhere, or with ``group_effects=False``, they are the
+one-block steps they always were. ``docs/architecture.md``, "Group effects", "Chosen by the
+defaults".
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from pymc_subsample.kernels.group_tests import BARKER, T_TEST
 from pymc_subsample.model.checks import discrete_names
 from pymc_subsample.model.group_effects import NO_GROUP_INDEX
 from pymc_subsample.model.grouped_rows import reads_a_group_index
-from pymc_subsample.step_methods.arguments import free_value_vars
+from pymc_subsample.step_methods.arguments import free_value_vars, step_value_vars
 from pymc_subsample.step_methods.group_effects import GroupEffectsMH, NotGroupEffects
 
 __all__ = ["AUTO_GROUPS", "GROUP_ROUTE_MARK", "group_route"]
@@ -55,8 +57,9 @@ def group_route(
     -------
     GroupEffectsMH or None
         None where the one-block step applies: arguments the group step does not take
-        (``vars``, ``proposal``, ...), ``group_effects=False``, discrete variables, or a
-        model that is not a hierarchy the group step takes (then logged, with the reason).
+        (``proposal``, ...), ``group_effects=False``, discrete variables among those sampled,
+        or a model (or ``vars``) that is not a hierarchy the group step takes (then logged,
+        with the reason).
 
     Raises
     ------
@@ -69,9 +72,10 @@ def group_route(
     if choice is False or kwargs.get(GROUP_ROUTE_MARK):
         return None
     allowed = {*_SHARED_SETTINGS, *_TEST_SETTINGS[test], "group_effects", "blocked"}
-    others = sorted(set(kwargs) - allowed)
-    if args or kwargs.get("vars") is not None:
-        others.insert(0, "vars")
+    others = sorted(set(kwargs) - allowed - {"vars"})
+    if len(args) > 1:
+        others.insert(0, "positional arguments after vars")
+    chosen = args[0] if args else kwargs.get("vars")
     if kwargs.get("blocked", True) is not True:
         others.append("blocked")
     tolerance = kwargs.get("error_tolerance")
@@ -85,7 +89,7 @@ def group_route(
             )
         return None
     model = pm.modelcontext(kwargs.get("model"))
-    values = free_value_vars(model)
+    values = free_value_vars(model) if chosen is None else step_value_vars(model, chosen)
     discrete = discrete_names(values)
     if discrete:
         if choice is True:
@@ -103,7 +107,7 @@ def group_route(
         name: kwargs[name] for name in (*_SHARED_SETTINGS, *_TEST_SETTINGS[test]) if name in kwargs
     }
     try:
-        step = GroupEffectsMH(test=test, **settings)
+        step = GroupEffectsMH(chosen, test=test, **settings)
     except NotGroupEffects as refusal:
         if choice is True:
             raise
