@@ -50,6 +50,10 @@ __all__ = ["GroupEffectsMH", "NotGroupEffects"]
 DEFAULT_ERROR_TOLERANCE = 0.01
 #: Default rows per sampled group; groups of at most this many rows are read whole.
 DEFAULT_BATCH_SIZE = 50
+#: Sweeps per draw with the Barker test (``sweeps``): its acceptance is about half of
+#: Metropolis-Hastings' on these proposals; two sweeps gave 1.3x the min-ESS per second of
+#: one on the centred Poisson benchmark model (group effects' ESS 1.9x, at 1.5x the time).
+BARKER_SWEEPS = 2
 #: Tuning draws after which the expansion moves to the chain's current point (each an O(N)
 #: pass): the start is often far from the posterior, and the proposal's quadratic model and
 #: the residuals' spread are best where the chain is.
@@ -162,6 +166,13 @@ class GroupEffectsMH(CompiledSweepParts, GroupMoves, SubsampleStepBase):
         fused ones draw their rows and noise from Numba's generator (seeded from the
         chain's), so draws differ between the two for the same seed. Attribute
         ``draw_path`` says ``"fused"``, or ``"python: "`` and why.
+    sweeps : int, optional
+        Sweeps of every grouping factor per draw, each proposing and testing every group
+        once. By default 1 with ``test="t"`` and :data:`BARKER_SWEEPS` with
+        ``test="barker"``: Barker's test accepts a proposal at ``1 / (1 + e^-Delta)``, about
+        half of what Metropolis-Hastings accepts of the groups' Newton proposals (near 0.9),
+        and a second sweep (about 0.3 ms a draw on 100 groups) nearly doubles the group
+        effects' ESS per draw.
 
     Raises
     ------
@@ -175,9 +186,9 @@ class GroupEffectsMH(CompiledSweepParts, GroupMoves, SubsampleStepBase):
     Notes
     -----
     Sample statistics per draw: ``n_data`` (rows read by every test of the draw),
-    ``n_groups`` (groups updated), ``n_accepted`` and ``accept_rate`` (groups whose proposal
-    was accepted, and their share), ``n_full_groups`` (groups decided on all their rows),
-    ``n_nonfinite`` (groups whose proposal gave a non-finite value, rejected),
+    ``n_groups`` (groups updated), ``n_accepted`` and ``accept_rate`` (group proposals
+    accepted over the draw's sweeps, and their share), ``n_full_groups`` (group decisions
+    on all their rows), ``n_nonfinite`` (proposals that gave a non-finite value, rejected),
     ``hyper_accept_rate`` and ``hyper_scale`` (the hyperparameters' moves),
     ``shared_n_data``, ``shared_accepted`` and ``shared_full_data`` (the shared
     coefficients' move), ``error_tolerance`` (NaN with the Barker test) and ``batch_size``.
@@ -231,6 +242,7 @@ class GroupEffectsMH(CompiledSweepParts, GroupMoves, SubsampleStepBase):
         rng: RandomGenerator = None,
         compile_kwargs: dict[str, Any] | None = None,
         fused: bool = True,
+        sweeps: int | None = None,
     ) -> None:
         self.error_tolerance = _check_error_tolerance(error_tolerance)
         if not isinstance(fused, bool):
@@ -243,6 +255,12 @@ class GroupEffectsMH(CompiledSweepParts, GroupMoves, SubsampleStepBase):
             BarkerTest(correction_sd=correction_sd).correction if kind == BARKER else None,
         )
         batch_size = check_int("batch_size", batch_size, minimum=2)
+        #: Sweeps of every factor per draw (``sweeps``).
+        self.sweeps = check_int(
+            "sweeps",
+            (BARKER_SWEEPS if kind == BARKER else 1) if sweeps is None else sweeps,
+            minimum=1,
+        )
         super().__init__(
             vars,
             batch_size=batch_size,
@@ -419,7 +437,12 @@ class GroupEffectsMH(CompiledSweepParts, GroupMoves, SubsampleStepBase):
         self._draws += 1
         totals = dict.fromkeys(GroupSweepInfo._fields, 0)
         fused = self._fused_sweep()
-        for f, (factor, layout) in enumerate(zip(self.factors, self.layouts, strict=True)):
+        sweeps = [
+            (f, factor, layout)
+            for _ in range(self.sweeps)
+            for f, (factor, layout) in enumerate(zip(self.factors, self.layouts, strict=True))
+        ]
+        for f, factor, layout in sweeps:
             quadratic = self.expansion.shifted(f, q)
             if fused is not None:
                 q, info = fused.sweep(f, factor.coordinates, layout, self.batch_size, q, quadratic)
@@ -466,7 +489,7 @@ class GroupEffectsMH(CompiledSweepParts, GroupMoves, SubsampleStepBase):
             **hyper._asdict(),
             **shared._asdict(),
             "n_groups": n_groups,
-            "accept_rate": totals["n_accepted"] / max(n_groups, 1),
+            "accept_rate": totals["n_accepted"] / max(n_groups * self.sweeps, 1),
             "error_tolerance": self.error_tolerance if self.test.kind == T_TEST else np.nan,
             "batch_size": self.batch_size,
         }
