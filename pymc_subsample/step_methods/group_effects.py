@@ -50,10 +50,6 @@ __all__ = ["GroupEffectsMH", "NotGroupEffects"]
 DEFAULT_ERROR_TOLERANCE = 0.01
 #: Default rows per sampled group; groups of at most this many rows are read whole.
 DEFAULT_BATCH_SIZE = 50
-#: Sweeps per draw with the Barker test (``sweeps``): its acceptance is about half of
-#: Metropolis-Hastings' on these proposals; two sweeps gave 1.3x the min-ESS per second of
-#: one on the centred Poisson benchmark model (group effects' ESS 1.9x, at 1.5x the time).
-BARKER_SWEEPS = 2
 #: Tuning draws after which the expansion moves to the chain's current point (each an O(N)
 #: pass): the start is often far from the posterior, and the proposal's quadratic model and
 #: the residuals' spread are best where the chain is.
@@ -166,13 +162,14 @@ class GroupEffectsMH(CompiledSweepParts, GroupMoves, SubsampleStepBase):
         fused ones draw their rows and noise from Numba's generator (seeded from the
         chain's), so draws differ between the two for the same seed. Attribute
         ``draw_path`` says ``"fused"``, or ``"python: "`` and why.
-    sweeps : int, optional
+    sweeps : int, default 1
         Sweeps of every grouping factor per draw, each proposing and testing every group
-        once. By default 1 with ``test="t"`` and :data:`BARKER_SWEEPS` with
-        ``test="barker"``: Barker's test accepts a proposal at ``1 / (1 + e^-Delta)``, about
-        half of what Metropolis-Hastings accepts of the groups' Newton proposals (near 0.9),
-        and a second sweep (about 0.3 ms a draw on 100 groups) nearly doubles the group
-        effects' ESS per draw.
+        once. Barker's test accepts a proposal at ``1 / (1 + e^-Delta)``, about half of what
+        Metropolis-Hastings accepts of the groups' Newton proposals (near 0.9): where the
+        group effects are what mixes slowest (a centred hierarchy of well-identified groups),
+        ``sweeps=2`` with ``test="barker"`` gave 1.4x the min-ESS per second of one sweep;
+        where the hyperparameters or shared coefficients mix slowest (the non-centred
+        benchmark models) a second sweep only cost time (0.55x to 0.65x).
 
     Raises
     ------
@@ -242,7 +239,7 @@ class GroupEffectsMH(CompiledSweepParts, GroupMoves, SubsampleStepBase):
         rng: RandomGenerator = None,
         compile_kwargs: dict[str, Any] | None = None,
         fused: bool = True,
-        sweeps: int | None = None,
+        sweeps: int = 1,
     ) -> None:
         self.error_tolerance = _check_error_tolerance(error_tolerance)
         if not isinstance(fused, bool):
@@ -256,11 +253,7 @@ class GroupEffectsMH(CompiledSweepParts, GroupMoves, SubsampleStepBase):
         )
         batch_size = check_int("batch_size", batch_size, minimum=2)
         #: Sweeps of every factor per draw (``sweeps``).
-        self.sweeps = check_int(
-            "sweeps",
-            (BARKER_SWEEPS if kind == BARKER else 1) if sweeps is None else sweeps,
-            minimum=1,
-        )
+        self.sweeps = check_int("sweeps", sweeps, minimum=1)
         super().__init__(
             vars,
             batch_size=batch_size,
