@@ -198,8 +198,8 @@ def test_the_fused_sweep_is_the_python_sweep(model):
             step.batch_size,
             step.test,
         )
-        compiled, compiled_info = fused.sweep_with(
-            0, coordinates, layout, step.batch_size, q, quadratic, normals, scales, log_u
+        compiled, compiled_info = fused.sweep(
+            0, layout, step.batch_size, q, quadratic, noise=(normals, scales, log_u)
         )
         np.testing.assert_allclose(compiled, python, rtol=1e-10, atol=1e-12)
         assert compiled_info == python_info

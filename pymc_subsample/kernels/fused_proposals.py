@@ -26,7 +26,6 @@ import numpy as np
 from pymc_subsample.kernels.group_newton import PROPOSAL_DF, proposal_log_density
 
 __all__ = [
-    "accepted_point",
     "effects_of",
     "newton_proposal",
     "proposal_terms",
@@ -90,19 +89,6 @@ def newton_proposal(
 
 
 @_jit
-def with_effects(
-    q: np.ndarray, coordinates: np.ndarray, x_new: np.ndarray, x: np.ndarray
-) -> np.ndarray:
-    """Return a copy of ``q`` at the new effects, keeping the old ones where not finite."""
-    out = q.copy()
-    n_groups, k = coordinates.shape
-    for g in range(n_groups):
-        for i in range(k):
-            out[coordinates[g, i]] = x_new[g, i] if math.isfinite(x_new[g, i]) else x[g, i]
-    return out
-
-
-@_jit
 def proposal_terms(
     x: np.ndarray,
     x_new: np.ndarray,
@@ -148,14 +134,19 @@ def proposal_terms(
 
 
 @_jit
-def accepted_point(
-    q: np.ndarray, coordinates: np.ndarray, x_new: np.ndarray, accept: np.ndarray
+def with_effects(
+    q: np.ndarray, coordinates: np.ndarray, x_new: np.ndarray, take: np.ndarray
 ) -> np.ndarray:
-    """Return a copy of ``q`` with the accepted groups' new effects."""
+    """Return a copy of ``q`` with the new effects of the groups in ``take`` that are finite.
+
+    Every group (``take`` all True) gives the proposed point, where a non-finite proposal
+    keeps the current effects; the accepted groups give the sweep's new point.
+    """
     out = q.copy()
     n_groups, k = coordinates.shape
     for g in range(n_groups):
-        if accept[g]:
+        if take[g]:
             for i in range(k):
-                out[coordinates[g, i]] = x_new[g, i]
+                if math.isfinite(x_new[g, i]):
+                    out[coordinates[g, i]] = x_new[g, i]
     return out

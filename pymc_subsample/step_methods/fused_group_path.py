@@ -113,6 +113,7 @@ class FusedGroupSweep:
             [_kernel_source(), self._change.cache_key, self._residual.cache_key],
         )
         self._parts = [function.numba_kernel() for function in functions.parts]
+        self._coordinates = [factor.coordinates for factor in functions.factors]
         self._sweeps = [
             self._sweep_driver(parts, factor.size)
             for parts, factor in zip(self._parts, functions.factors, strict=True)
@@ -132,38 +133,23 @@ class FusedGroupSweep:
     def sweep(
         self,
         f: int,
-        coordinates: np.ndarray,
         rows: GroupRows,
         batch_size: int,
         q: np.ndarray,
         quadratic: GroupQuadratic,
+        noise: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
     ) -> tuple[np.ndarray, GroupSweepInfo]:
         """Sweep factor ``f`` once from ``q``: ``kernels/group_effects.group_effects_sweep``.
 
-        ``coordinates`` are the factor's effects in ``q``, ``rows`` its rows by group,
-        ``batch_size`` the rows of a first stage and ``quadratic`` its expansion at ``q``.
-        The noise comes from Numba's generator (:func:`~.fused_proposals.sweep_noise`).
+        ``rows`` are the factor's rows by group, ``batch_size`` the rows of a first stage and
+        ``quadratic`` its expansion at ``q``. ``noise`` is the sweep's normals, scales and
+        ``log u`` (:func:`~.fused_proposals.sweep_noise`, drawn from Numba's generator where
+        not given).
         """
-        normals, scales, log_u = fused_proposals.sweep_noise(*coordinates.shape)
-        return self.sweep_with(
-            f, coordinates, rows, batch_size, q, quadratic, normals, scales, log_u
-        )
-
-    def sweep_with(
-        self,
-        f: int,
-        coordinates: np.ndarray,
-        rows: GroupRows,
-        batch_size: int,
-        q: np.ndarray,
-        quadratic: GroupQuadratic,
-        normals: np.ndarray,
-        scales: np.ndarray,
-        log_u: np.ndarray,
-    ) -> tuple[np.ndarray, GroupSweepInfo]:
-        """Sweep as :meth:`sweep` with the given noise (:func:`~.fused_proposals.sweep_noise`)."""
+        coordinates = self._coordinates[f]
+        if noise is None:
+            noise = fused_proposals.sweep_noise(*coordinates.shape)
         counts = np.zeros(len(fused_groups.COUNT_FIELDS) + 1, dtype=np.int64)
-        expansion = self._expansion
         contiguous = np.ascontiguousarray
         result = self._sweeps[f](
             q,
@@ -171,12 +157,10 @@ class FusedGroupSweep:
             contiguous(quadratic.reference_cells, dtype=np.float64),
             contiguous(quadratic.gradient, dtype=np.float64),
             contiguous(quadratic.hessian, dtype=np.float64),
-            normals,
-            scales,
-            log_u,
+            *noise,
             *self._test_arguments(rows, batch_size),
             counts,
-            *expansion.reference_tables,
+            *self._expansion.reference_tables,
             *self._oracles.row_arrays(),
             *self._parts[f].implicit_values(),
             *self._change.implicit_values(),
@@ -357,7 +341,8 @@ def group_sweep(
     values, vectors = {eigen}(precision)
     forward = (newton_mean(x, gradient, finite, values, vectors), vectors, values)
     x_new = newton_proposal(forward[0], forward[1], forward[2], normals, scales)
-    new = parts(with_effects(q, coordinates, x_new, x){parts_shared})
+    every_group = np.ones(x.shape[0], dtype=np.bool_)
+    new = parts(with_effects(q, coordinates, x_new, every_group){parts_shared})
     gradient, hessian = cell_model_derivatives(
         new[1], new[2], new[3], new[4], reference_cells, cell_gradient, cell_hessian
     )
@@ -375,7 +360,7 @@ def group_sweep(
         counts{old_tables}{new_tables}{reference}{data}{change_shared}{residual_shared}
     )
     counts[3] = accept.sum()
-    return accepted_point(q, coordinates, x_new, accept)
+    return with_effects(q, coordinates, x_new, accept)
 """
 
 

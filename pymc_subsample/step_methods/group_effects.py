@@ -438,7 +438,7 @@ class GroupEffectsMH(CompiledSweepParts, GroupMoves, SubsampleStepBase):
         for f, factor, layout in sweeps:
             quadratic = self.expansion.shifted(f, q)
             if fused is not None:
-                q, info = fused.sweep(f, factor.coordinates, layout, self.batch_size, q, quadratic)
+                q, info = fused.sweep(f, layout, self.batch_size, q, quadratic)
             else:
 
                 def terms(
