@@ -11,7 +11,7 @@ fixed seeds:
   there (``pms.GroupEffectsMH``), which compiles its functions at its first draw.
 
 Each measurement runs in a fresh process with its own PyTensor compile directory and Numba
-cache directory. "Cold" is the first process on an empty pair (a user's first run on a model);
+cache directory. "Cold" is the first process on an empty pair (a first model after installing);
 "warm" a second process on the same directories (every run after it). Per process:
 ``setup_seconds`` is the time to build the sampler after the model is built: for ours,
 ``pms.AusterityMH()``; for NUTS, ``pm.NUTS()`` and one full-data evaluation of the log density
@@ -21,9 +21,13 @@ PyMC's own overhead of a run included): where a step compiles at its first draw 
 draw, the group step's functions), that is part of what the user waits for before sampling,
 so ``ratio_to_first_draw`` compares their sum with NUTS's set-up.
 Both include starting PyTensor's Numba backend, which the first compile of a process pays.
-Reported: the seconds, ``ratio`` (ours over NUTS's, cold and warm), the proposal, control
+"New model" runs on caches that a process building two small Poisson models (sharing no graph
+with these) filled first: what a user's second model meets, the package's own Numba kernels
+and PyTensor's per-operation code cached, the model's graphs not.
+Reported: the seconds, ``ratio`` (ours over NUTS's, per state), the proposal, control
 variate and expansion the step chose, and the compile time of each of the step's compiled
-functions at its first call (``first_calls``: which graphs cost the build).
+functions at its first call and at the call that compiles it (``first_calls``: which graphs
+cost the build; most run on PyTensor's Python linker and are never compiled).
 
 Run ``python benchmarks/first_build.py`` (``--rows 100000``: about 15 minutes on 2 cores; the
 hierarchy's cold build at 1e6 rows alone took more than 30 minutes); ``--models hierarchy`` for a
@@ -44,6 +48,10 @@ import numpy as np
 from common import RESULTS, child_json, logistic_data, logistic_model, nuts_setup, write_json
 
 MODELS = ("glm", "student_t", "hierarchy")
+#: Models built before a "new model" run on the same caches, sharing no graph with the
+#: benchmark's models (a Poisson likelihood): what a user's second model finds cached.
+PREWARM = ("poisson_glm", "poisson_hierarchy")
+STATES = ("cold", "new_model", "warm")
 SAMPLERS = ("austerity", "nuts")
 N_GROUPS = 200
 
@@ -53,6 +61,8 @@ def build_model(name: str, n_rows: int, n_groups: int = N_GROUPS) -> Any:
     import pymc as pm
 
     rng = np.random.default_rng(0)
+    if name.startswith("poisson"):
+        return _poisson_model(rng, n_rows, n_groups if name.endswith("hierarchy") else 0)
     if name == "glm":
         return logistic_model(*logistic_data(n_rows, 10))
     if name == "student_t":
@@ -82,8 +92,30 @@ def build_model(name: str, n_rows: int, n_groups: int = N_GROUPS) -> Any:
     return model
 
 
+def _poisson_model(rng: np.random.Generator, n_rows: int, n_groups: int) -> Any:
+    """A Poisson regression, with varying intercepts where ``n_groups`` is positive."""
+    import pymc as pm
+
+    X = rng.normal(size=(n_rows, 3))
+    group = rng.integers(0, max(n_groups, 1), size=n_rows)
+    y = rng.poisson(np.exp(0.5 + 0.2 * X[:, 0]))
+    with pm.Model() as model:
+        b = pm.Normal("b", 0.0, 1.0, shape=3)
+        eta = X @ b
+        if n_groups:
+            scale = pm.HalfNormal("scale", 1.0)
+            a = pm.Normal("a", 0.0, scale, shape=n_groups)
+            eta = eta + a[group]
+        pm.Poisson("y", mu=pm.math.exp(eta), observed=y)
+    return model
+
+
 def _record_first_calls() -> list[tuple[str, float]]:
-    """Time each of the step's compiled functions at its first call (compile + first run)."""
+    """Time each of the step's functions at its first call and at the call that compiles it.
+
+    A function runs on PyTensor's Python linker first (``model/compiled.py``): its first call
+    builds it (rewrites, no compile), and a later call may compile it ("name compiled").
+    """
     from pymc_subsample.model import compiled
 
     calls: list[tuple[str, float]] = []
@@ -92,10 +124,14 @@ def _record_first_calls() -> list[tuple[str, float]]:
     def timed(self: Any, *args: Any) -> Any:
         if self.compiled:
             return original(self, *args)
+        built = self.built
         start = time.perf_counter()
         out = original(self, *args)
+        if built and not self.compiled:
+            return out
         builder = getattr(self._build, "func", self._build)
-        calls.append((getattr(builder, "__name__", repr(builder)), time.perf_counter() - start))
+        name = getattr(builder, "__name__", repr(builder))
+        calls.append((name + (" compiled" if self.compiled else ""), time.perf_counter() - start))
         return out
 
     compiled.LazyFunction.__call__ = timed  # type: ignore[method-assign]
@@ -150,31 +186,43 @@ def run_child(
 
 
 def measure(model_name: str, n_rows: int, n_groups: int) -> dict[str, Any]:
-    """Cold then warm runs of each sampler, each sampler on caches of its own."""
+    """Cold, new-model and warm runs of each sampler, each sampler on caches of its own.
+
+    "new_model" runs on caches that a process building :data:`PREWARM` (small models sharing
+    no graph with the benchmark's) filled first: the package's own kernels (and PyTensor's
+    per-operation code) cached, the model's graphs not.
+    """
     runs: dict[str, Any] = {}
     for sampler in SAMPLERS:
+        results: dict[str, Any] = {}
         with tempfile.TemporaryDirectory() as caches:
-            cold = run_child(model_name, sampler, n_rows, n_groups, caches)
-            warm = run_child(model_name, sampler, n_rows, n_groups, caches)
-        runs[sampler] = {"cold": cold, "warm": warm}
+            results["cold"] = run_child(model_name, sampler, n_rows, n_groups, caches)
+            results["warm"] = run_child(model_name, sampler, n_rows, n_groups, caches)
+        with tempfile.TemporaryDirectory() as caches:
+            for prewarm in PREWARM:
+                run_child(prewarm, sampler, 2_000, 20, caches)
+            results["new_model"] = run_child(model_name, sampler, n_rows, n_groups, caches)
+        runs[sampler] = {state: results[state] for state in STATES}
         print(
-            f"{model_name} N={n_rows:,} {sampler}: cold {cold['setup_seconds']:.1f} s, "
-            f"warm {warm['setup_seconds']:.1f} s",
+            f"{model_name} N={n_rows:,} {sampler}: "
+            + ", ".join(f"{state} {_total(results[state]):.1f} s" for state in STATES),
             flush=True,
         )
     ours, nuts = runs["austerity"], runs["nuts"]
     return {
         "runs": runs,
         "ratio_to_nuts": {
-            caches: ours[caches]["setup_seconds"] / nuts[caches]["setup_seconds"]
-            for caches in ("cold", "warm")
+            state: ours[state]["setup_seconds"] / nuts[state]["setup_seconds"] for state in STATES
         },
         "ratio_to_first_draw": {
-            caches: (ours[caches]["setup_seconds"] + ours[caches]["first_draw_seconds"])
-            / nuts[caches]["setup_seconds"]
-            for caches in ("cold", "warm")
+            state: _total(ours[state]) / nuts[state]["setup_seconds"] for state in STATES
         },
     }
+
+
+def _total(result: dict[str, Any]) -> float:
+    """Set-up and first draw (NUTS: its set-up)."""
+    return float(result["setup_seconds"] + result.get("first_draw_seconds", 0.0))
 
 
 def main() -> None:

@@ -336,9 +336,9 @@ def test_functions_compile_at_first_use_and_are_shared_by_later_builds():
     model = numpy_regression()
     first = build_oracles(model, model.value_vars, initial_point=model.initial_point())
     functions = first._functions
-    assert not functions.score.compiled and not functions.sums.compiled
+    assert not functions.score.built and not functions.sums.built
     first.score_rows(first.initial_q, np.array([0, 1]))
-    assert functions.score.compiled and not functions.sums.compiled
+    assert functions.score.built and not functions.sums.built
     second = build_oracles(
         model, model.value_vars, initial_point=model.initial_point(), proxy_order=2
     )

@@ -4,9 +4,11 @@ Compiling is most of a step's set-up (0.3-0.5 s per function; a Hessian graph's 
 the longest), and which functions a step calls depends on choices made after the graphs are
 read: whether the default control variate applies, whether the reference search needs
 curvature, whether a flat prior needs the identification check. A :class:`LazyFunction` holds
-what it needs to build its graph and compiles the first time it is called; the oracles of one
-model are shared by every step and reference search built on it (``docs/architecture.md``,
-"Model layer"), so each function is compiled at most once per process.
+what it needs to build its graph, builds it the first time it is called, runs it on PyTensor's
+Python linker while the work it has done is small (the set-up's few passes: no compile at all)
+and compiles it once it is used more; the oracles of one model are shared by every step and
+reference search built on it (``docs/architecture.md``, "Model layer"), so each function is
+compiled at most once per process.
 """
 
 from __future__ import annotations
@@ -18,10 +20,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 from pymc.pytensorf import compile as compile_pytensor
 from pytensor import config
+from pytensor.compile.mode import Mode
 from pytensor.graph.basic import Variable
 
+from pymc_subsample.model.numba_special import register_numba_lowerings
 from pymc_subsample.warnings import missing_blas_notice_silenced, numba_fallbacks_silenced
 
 __all__ = [
@@ -38,8 +43,29 @@ __all__ = [
 GraphBuilder = Callable[[], tuple[Sequence[Variable], Any]]
 
 
+#: Rows a call is counted as besides its own rows. PyTensor's Python linker pays a few
+#: microseconds per node and call, 0.3-1 ms on the package's graphs against tens of
+#: microseconds compiled, so a function called once per draw is compiled after some 500 calls.
+CALL_WORK = 100_000
+#: Work (rows read, and CALL_WORK per call) a function does through PyTensor's Python linker
+#: before it is compiled: on the heaviest set-up graphs measured (a Student-t regression's
+#: Newton pass with its Hessian, about 70 ns per row) a few seconds, what compiling that graph
+#: for Numba costs.
+INTERPRETED_WORK = 50_000_000
+
+
 class LazyFunction:
-    """A compiled PyTensor function, built and compiled when first called.
+    """A PyTensor function, built at its first call, interpreted first and compiled when used.
+
+    Compiling a graph for Numba (or C) costs about 0.05 s per node on a cold cache, seconds for
+    the derivative graphs of a reference search or a hierarchy's sums, which a step calls a few
+    dozen times during its set-up. A function starts on PyTensor's Python linker, with the
+    same rewrites but no elementwise fusion (each node one NumPy operation over the rows: a
+    Newton pass of a Student-t regression with its Hessian took 7 ms on 1e5 rows) and is
+    compiled once the work it did that way, counted in rows (``CALL_WORK`` per call plus the
+    rows of its longest argument), would pass ``INTERPRETED_WORK``. Which of the two runs a call
+    depends only on the calls before it, never on timing, so a seed gives the same draws in
+    every run. Functions that Numba code calls (:meth:`numba_kernel`) are compiled.
 
     Parameters
     ----------
@@ -49,13 +75,27 @@ class LazyFunction:
         Passed to PyTensor's compiler (``mode=`` and so on).
     """
 
-    __slots__ = ("_build", "_compile_kwargs", "_function", "_numba_function")
+    __slots__ = (
+        "_build",
+        "_compile_kwargs",
+        "_function",
+        "_interpreted",
+        "_interpreted_work",
+        "_numba_function",
+    )
 
     def __init__(self, build: GraphBuilder, compile_kwargs: dict[str, Any]) -> None:
         self._build = build
         self._compile_kwargs = compile_kwargs
         self._function: Callable[..., Any] | None = None
+        self._interpreted: Callable[..., Any] | None = None
+        self._interpreted_work = 0
         self._numba_function: Callable[..., Any] | None = None
+
+    @property
+    def built(self) -> bool:
+        """Whether the function's graph has been built (interpreted or compiled)."""
+        return self._function is not None or self._interpreted is not None
 
     @property
     def compiled(self) -> bool:
@@ -63,13 +103,30 @@ class LazyFunction:
         return self._function is not None
 
     def __call__(self, *args: Any) -> Any:
-        """Evaluate, compiling first if needed."""
+        """Evaluate, building it first if needed, interpreted or compiled (class docstring)."""
         function = self._function
-        if function is None:
-            # The first call loads (or JIT-compiles) the Numba code: many objects as well.
-            with collection_paused():
-                return self.compile()(*args)
-        return function(*args)
+        if function is not None:
+            return function(*args)
+        work = self._interpreted_work + CALL_WORK + _rows_of(args)
+        if work <= INTERPRETED_WORK:
+            self._interpreted_work = work
+            interpreted = self._interpreted or self._interpret()
+            # NumPy's floating-point warnings: compiled code gives the same inf and NaN quietly.
+            with np.errstate(all="ignore"):
+                return interpreted(*args)
+        # The first call loads (or JIT-compiles) the Numba code: many objects as well.
+        with collection_paused():
+            return self.compile()(*args)
+
+    def _interpret(self) -> Callable[..., Any]:
+        """Build the function on PyTensor's Python linker (no fusion: NumPy's own loops)."""
+        with config.change_flags(traceback__limit=0), collection_paused():
+            inputs, outputs = self._build()
+            mode = Mode(linker="py", optimizer="fast_run").excluding("fusion")
+            self._interpreted = compile_function(
+                list(inputs), outputs, {**self._compile_kwargs, "mode": mode}
+            )
+        return self._interpreted
 
     def compile(self) -> Callable[..., Any]:
         """Compile now (idempotent) and return the compiled function."""
@@ -80,6 +137,7 @@ class LazyFunction:
             with config.change_flags(traceback__limit=0), collection_paused():
                 inputs, outputs = self._build()
                 self._function = compile_function(list(inputs), outputs, self._compile_kwargs)
+            self._interpreted = None
         return self._function
 
     def numba_kernel(self) -> NumbaKernel:
@@ -122,10 +180,24 @@ class LazyFunction:
         return LazyFunction(self._build, self._compile_kwargs)
 
     def __getstate__(self) -> tuple[Any, ...]:
-        return (self._build, self._compile_kwargs, self._function, self._numba_function)
+        return (
+            self._build,
+            self._compile_kwargs,
+            self._function,
+            self._interpreted,
+            self._interpreted_work,
+            self._numba_function,
+        )
 
     def __setstate__(self, state: tuple[Any, ...]) -> None:
-        self._build, self._compile_kwargs, self._function, self._numba_function = state
+        (
+            self._build,
+            self._compile_kwargs,
+            self._function,
+            self._interpreted,
+            self._interpreted_work,
+            self._numba_function,
+        ) = state
 
 
 @dataclass(frozen=True)
@@ -165,12 +237,18 @@ def _numba_cache_key(jit_function: Any) -> str | None:
     return None if py_function is None else CACHED_SRC_FUNCTIONS.get(py_function)
 
 
+def _rows_of(args: tuple[Any, ...]) -> int:
+    """Return the length of the longest array among ``args`` (at most the rows a call reads)."""
+    return max((len(arg) for arg in args if isinstance(arg, np.ndarray) and arg.ndim), default=0)
+
+
 def compile_function(
     inputs: list[Variable], outputs: Any, compile_kwargs: dict[str, Any]
 ) -> Callable[..., Any]:
     """Compile with PyMC's defaults; inputs need not be used, and are trusted (no checks)."""
     # Unused inputs are expected: a step over hyperparameters that only the prior sees has row
     # terms that do not depend on its point (their differences are then exactly 0).
+    register_numba_lowerings()
     with numba_fallbacks_silenced(), missing_blas_notice_silenced():
         function = compile_pytensor(
             inputs, outputs, **{"on_unused_input": "ignore", **compile_kwargs}

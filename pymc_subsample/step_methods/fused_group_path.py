@@ -55,7 +55,7 @@ _NEWTON_KERNELS = (
     "small_symmetric_eigen",
 )
 #: Bump when a generated driver's source changes (the key of its disk cache includes it).
-DRIVER_VERSION = 2
+DRIVER_VERSION = 3
 
 
 def fused_group_obstacle(oracles: ModelOracles) -> str | None:
@@ -304,7 +304,7 @@ def group_decisions(
         active = active[:0]
     statistics = np.zeros((n_groups, 4))
     draw = batch_size
-    stage = 0
+    stage = np.int64(0)  # a literal 0 compiled consume_group_stage twice (Literal[int](0))
     while active.size:
         rows = draw_group_rows(order, starts, active, draw)
         values = residual(q, q, reference_q{old}{new}{reference}{gathered}{residual_shared})[0]

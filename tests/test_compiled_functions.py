@@ -1,0 +1,100 @@
+"""Functions interpreted while little used, compiled when used more; Numba lowerings we add.
+
+``model/compiled.py``: a :class:`LazyFunction` runs on PyTensor's Python linker until the
+work it has done (rows, and ``CALL_WORK`` per call) would pass ``INTERPRETED_WORK``, then is
+compiled. ``model/numba_special.py``: the trigamma function, which PyTensor's Numba backend
+otherwise runs in object mode (uncacheable: a Student-t step compiled its search graph in every
+process). Deterministic checks (no Monte Carlo, no false failures).
+"""
+
+from __future__ import annotations
+
+import warnings
+from functools import partial
+
+import numpy as np
+import pytensor
+import pytensor.tensor as pt
+import pytest
+from scipy import special
+
+from pymc_subsample.model import compiled
+from pymc_subsample.model.compiled import LazyFunction
+from pymc_subsample.model.numba_special import register_numba_lowerings, trigamma
+
+
+def _softplus_rows() -> tuple[list, list]:
+    q = pt.vector("q", shape=(2,))
+    x = pt.matrix("x")
+    return [q, x], [pt.softplus(x @ q), pt.sum(pt.log1p(pt.exp(-(x @ q))))]
+
+
+def test_a_function_is_interpreted_until_its_work_would_pass_the_budget(monkeypatch):
+    # Budget for three calls of 50 rows: the fourth is compiled (caught if the switch came
+    # early, late, or never, or if the two tiers gave different values).
+    monkeypatch.setattr(compiled, "INTERPRETED_WORK", 3 * (compiled.CALL_WORK + 50))
+    function = LazyFunction(_softplus_rows, {})
+    rng = np.random.default_rng(0)
+    q = rng.normal(size=2)
+    x = rng.normal(size=(50, 2)) * 400.0  # saturating rows: the rewrites' stable softplus
+    assert not function.built
+    values = [function(q, x) for _ in range(3)]
+    assert function.built and not function.compiled
+    compiled_values = function(q, x)
+    assert function.compiled
+    for interpreted in values:
+        for left, right in zip(interpreted, compiled_values, strict=True):
+            assert np.all(np.isfinite(left))
+            np.testing.assert_allclose(left, right, rtol=1e-12)
+
+
+def test_a_long_first_call_is_compiled(monkeypatch):
+    monkeypatch.setattr(compiled, "INTERPRETED_WORK", compiled.CALL_WORK + 99)
+    function = LazyFunction(_softplus_rows, {})
+    function(np.zeros(2), np.zeros((100, 2)))
+    assert function.compiled
+
+
+def test_numba_kernels_are_compiled():
+    function = LazyFunction(_softplus_rows, {})
+    function(np.zeros(2), np.zeros((3, 2)))
+    assert not function.compiled
+    kernel = function.numba_kernel()
+    assert function.compiled and kernel.n_inputs == 2
+
+
+@pytest.mark.parametrize(
+    ("low", "high", "rtol"), [(1e-8, 1e8, 1e-13), (0.01, 12.0, 1e-13), (-10.5, -0.01, 1e-10)]
+)
+def test_trigamma_is_scipys(low, high, rtol):
+    # The recurrence to x >= 8 and seven Bernoulli terms: one term fewer, or starting the
+    # series at x >= 6, fails the 1e-13 (2e-12 measured there). Near the poles of negative x
+    # both this and SciPy lose digits to sin(pi x) (2e-11 apart 1e-5 from -7).
+    grid = np.geomspace(low, high, 3001) if low > 0 else np.linspace(low, high, 3001)
+    grid = grid[grid != np.round(grid)] if low < 0 else grid
+    ours = np.array([trigamma(float(x)) for x in grid])
+    np.testing.assert_allclose(ours, special.polygamma(1, grid), rtol=rtol)
+
+
+def test_trigamma_at_its_poles_and_beyond():
+    for x in (0.0, -1.0, -7.0, 1e-300, -np.inf, np.inf, np.nan):
+        expected = special.polygamma(1, x)
+        assert trigamma(x) == pytest.approx(expected, nan_ok=True) or (
+            np.isnan(expected) and np.isnan(trigamma(x))
+        ), x
+
+
+def test_trigamma_compiles_for_numba_without_object_mode():
+    # Without the lowering, PyTensor warns that Numba runs tri_gamma in object mode, and the
+    # graph gets no cache key (compiled again in every process).
+    assert register_numba_lowerings()
+    x = pt.vector("x")
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*object mode.*")
+        function = LazyFunction(partial(lambda v: ([v], [pt.polygamma(1, v) * 2.0]), x), {})
+        kernel = function.numba_kernel()
+    values = np.array([0.3, 2.5, 40.0])
+    (out,) = kernel.function(values)
+    # PyTensor compiles with fastmath, which may reorder the series' sums.
+    np.testing.assert_allclose(out, 2.0 * special.polygamma(1, values), rtol=1e-12)
+    assert kernel.cache_key is not None or not pytensor.config.numba__cache
