@@ -1,8 +1,9 @@
-"""Functions interpreted while little used, compiled when used more; Numba lowerings we add.
+"""Set-up functions interpreted while little used, compiled when used more; Numba lowerings.
 
-``model/compiled.py``: a :class:`LazyFunction` runs on PyTensor's Python linker until the
-work it has done (rows, and ``CALL_WORK`` per call) would pass ``INTERPRETED_WORK``, then is
-compiled. ``model/numba_special.py``: the trigamma function, which PyTensor's Numba backend
+``model/compiled.py``: a set-up :class:`LazyFunction` (``interpreted_first``) runs on
+PyTensor's Python linker until the work it has done (rows, and ``CALL_WORK`` per call) would
+pass ``INTERPRETED_WORK``, then is compiled; the others compile at their first call.
+``model/numba_special.py``: the trigamma function, which PyTensor's Numba backend
 otherwise runs in object mode (uncacheable: a Student-t step compiled its search graph in every
 process). Deterministic checks (no Monte Carlo, no false failures).
 """
@@ -33,7 +34,7 @@ def test_a_function_is_interpreted_until_its_work_would_pass_the_budget(monkeypa
     # Budget for three calls of 50 rows: the fourth is compiled (caught if the switch came
     # early, late, or never, or if the two tiers gave different values).
     monkeypatch.setattr(compiled, "INTERPRETED_WORK", 3 * (compiled.CALL_WORK + 50))
-    function = LazyFunction(_softplus_rows, {})
+    function = LazyFunction(_softplus_rows, {}, interpreted_first=True)
     rng = np.random.default_rng(0)
     q = rng.normal(size=2)
     x = rng.normal(size=(50, 2)) * 400.0  # saturating rows: the rewrites' stable softplus
@@ -50,13 +51,19 @@ def test_a_function_is_interpreted_until_its_work_would_pass_the_budget(monkeypa
 
 def test_a_long_first_call_is_compiled(monkeypatch):
     monkeypatch.setattr(compiled, "INTERPRETED_WORK", compiled.CALL_WORK + 99)
-    function = LazyFunction(_softplus_rows, {})
+    function = LazyFunction(_softplus_rows, {}, interpreted_first=True)
     function(np.zeros(2), np.zeros((100, 2)))
     assert function.compiled
 
 
-def test_numba_kernels_are_compiled():
+def test_a_draw_function_compiles_at_its_first_call():
     function = LazyFunction(_softplus_rows, {})
+    function(np.zeros(2), np.zeros((3, 2)))
+    assert function.compiled
+
+
+def test_numba_kernels_are_compiled():
+    function = LazyFunction(_softplus_rows, {}, interpreted_first=True)
     function(np.zeros(2), np.zeros((3, 2)))
     assert not function.compiled
     kernel = function.numba_kernel()

@@ -55,17 +55,19 @@ INTERPRETED_WORK = 50_000_000
 
 
 class LazyFunction:
-    """A PyTensor function, built at its first call, interpreted first and compiled when used.
+    """A PyTensor function, built at its first call; a set-up function interpreted at first.
 
     Compiling a graph for Numba (or C) costs about 0.05 s per node on a cold cache, seconds for
     the derivative graphs of a reference search or a hierarchy's sums, which a step calls a few
-    dozen times during its set-up. A function starts on PyTensor's Python linker, with the
-    same rewrites but no elementwise fusion (each node one NumPy operation over the rows: a
-    Newton pass of a Student-t regression with its Hessian took 7 ms on 1e5 rows) and is
-    compiled once the work it did that way, counted in rows (``CALL_WORK`` per call plus the
-    rows of its longest argument), would pass ``INTERPRETED_WORK``. Which of the two runs a call
-    depends only on the calls before it, never on timing, so a seed gives the same draws in
-    every run. Functions that Numba code calls (:meth:`numba_kernel`) are compiled.
+    dozen times during its set-up. A set-up function (``interpreted_first``) starts on
+    PyTensor's Python linker, with the same rewrites but no elementwise fusion (each node one
+    NumPy operation over the rows: a Newton pass of a Student-t regression with its Hessian
+    took 7 ms on 1e5 rows) and is compiled once the work it did that way, counted in rows
+    (``CALL_WORK`` per call plus the rows of its longest argument), would pass
+    ``INTERPRETED_WORK``. Which of the two runs a call depends only on the calls before it,
+    never on timing, so a seed gives the same draws in every run. The functions of a draw are
+    compiled at their first call: they are called thousands of times, and most are also
+    Numba kernels (:meth:`numba_kernel`), which are always compiled.
 
     Parameters
     ----------
@@ -73,6 +75,8 @@ class LazyFunction:
         Returns ``(inputs, outputs)``; called once, at the first call.
     compile_kwargs : dict
         Passed to PyTensor's compiler (``mode=`` and so on).
+    interpreted_first : bool, default False
+        Run on PyTensor's Python linker until the work above is done.
     """
 
     __slots__ = (
@@ -84,12 +88,19 @@ class LazyFunction:
         "_numba_function",
     )
 
-    def __init__(self, build: GraphBuilder, compile_kwargs: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        build: GraphBuilder,
+        compile_kwargs: dict[str, Any],
+        *,
+        interpreted_first: bool = False,
+    ) -> None:
         self._build = build
         self._compile_kwargs = compile_kwargs
         self._function: Callable[..., Any] | None = None
         self._interpreted: Callable[..., Any] | None = None
-        self._interpreted_work = 0
+        # A function compiled at once is one whose interpreted work is already spent.
+        self._interpreted_work = 0 if interpreted_first else INTERPRETED_WORK
         self._numba_function: Callable[..., Any] | None = None
 
     @property
@@ -178,6 +189,11 @@ class LazyFunction:
     def uncompiled(self) -> LazyFunction:
         """Return a copy that compiles at its first call (what a Dask worker is sent)."""
         return LazyFunction(self._build, self._compile_kwargs)
+
+    @property
+    def interpreted_first(self) -> bool:
+        """Whether the function still runs on PyTensor's Python linker at its next small call."""
+        return self._function is None and self._interpreted_work < INTERPRETED_WORK
 
     def __getstate__(self) -> tuple[Any, ...]:
         return (

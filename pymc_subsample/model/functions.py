@@ -173,6 +173,10 @@ def model_functions(
     def lazy(build: GraphBuilder) -> LazyFunction:
         return LazyFunction(build, kwargs)
 
+    def setup(build: GraphBuilder) -> LazyFunction:
+        # Called a few dozen times while a step is built: run on PyTensor's Python linker.
+        return LazyFunction(build, kwargs, interpreted_first=True)
+
     def fixed(inputs: list[Variable], outputs: Any) -> LazyFunction:
         return lazy(partial(given, inputs, outputs))
 
@@ -188,8 +192,10 @@ def model_functions(
         other_variables_in_rows=others,
         prior=fixed([q], prior_q),
         prior_ratio=fixed([q, q_old], prior_q - prior_q_old),
-        rows=fixed([q, *row_inputs], rows_q),
-        loglik_sum=fixed([q, *row_inputs], [rows_q.sum()]),
+        # The self-check and the search line search call it a few dozen times; a draw that
+        # reads it is fused (its Numba kernel) or compiles it after some 500 calls.
+        rows=setup(partial(given, [q, *row_inputs], rows_q)),
+        loglik_sum=setup(partial(given, [q, *row_inputs], [rows_q.sum()])),
         ratio=fixed([q, q_old, *row_inputs], rows_q - rows_q_old),
         # Called once, by the self-check only: PyTensor's Python linker skips the rewrites and
         # the JIT (0.3-0.5 s of set-up) and is fast enough for one vectorised pass.
@@ -203,13 +209,13 @@ def model_functions(
         residual={
             order: lazy(partial(residual_graph, *residual_inputs, order)) for order in (1, 2)
         },
-        sums=lazy(partial(sums_graph, rows_ref, q_ref, row_inputs)),
+        sums=setup(partial(sums_graph, rows_ref, q_ref, row_inputs)),
         search={
-            hessian: lazy(partial(search_graph, rows_q, q, row_inputs, hessian))
+            hessian: setup(partial(search_graph, rows_q, q, row_inputs, hessian))
             for hessian in (False, True)
         },
-        full_sums=lazy(partial(full_sums_graph, rows_q, q, row_inputs)),
-        prior_hessian=lazy(partial(prior_hessian_graph, prior_q, q)),
+        full_sums=setup(partial(full_sums_graph, rows_q, q, row_inputs)),
+        prior_hessian=setup(partial(prior_hessian_graph, prior_q, q)),
         row_data=graph.row_data,
         data=shared_data([rows_q, prior_q, *graph.row_data], set(shared.values()) | set(shared)),
         frozen=frozen,

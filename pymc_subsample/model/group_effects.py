@@ -168,6 +168,7 @@ def group_effect_functions(
         derivatives=LazyFunction(
             partial(per_row_derivatives_graph, grouped._replace(rows_logp=frozen_rows)),
             compile_kwargs,
+            interpreted_first=True,
         ),
         indices=LazyFunction(partial(index_graph, grouped), compile_kwargs),
         cell_shapes=tuple(tuple(int(d) for d in c.type.shape[1:]) for c in cells),

@@ -73,9 +73,15 @@ class GroupedSums:
         self.dtypes = tuple(str(gather.cell.dtype) for gather in grouped.gathers)
         self.psi_size = grouped.psi_size
         self._indices = LazyFunction(partial(index_graph, grouped), compile_kwargs)
-        self._per_row = LazyFunction(partial(per_row_derivatives_graph, grouped), compile_kwargs)
-        self._tables = LazyFunction(partial(table_derivatives_graph, grouped), compile_kwargs)
-        self._curvature = LazyFunction(partial(table_curvature_graph, grouped), compile_kwargs)
+        self._per_row = LazyFunction(
+            partial(per_row_derivatives_graph, grouped), compile_kwargs, interpreted_first=True
+        )
+        self._tables = LazyFunction(
+            partial(table_derivatives_graph, grouped), compile_kwargs, interpreted_first=True
+        )
+        self._curvature = LazyFunction(
+            partial(table_curvature_graph, grouped), compile_kwargs, interpreted_first=True
+        )
 
     @property
     def n_local(self) -> int:
