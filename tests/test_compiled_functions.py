@@ -1,8 +1,9 @@
 """Set-up functions interpreted while little used, compiled when used more; Numba lowerings.
 
 ``model/compiled.py``: a set-up :class:`LazyFunction` (``interpreted_first``) runs on
-PyTensor's Python linker until the work it has done (rows, and ``CALL_WORK`` per call) would
-pass ``INTERPRETED_WORK``, then is compiled; the others compile at their first call.
+PyTensor's Python linker until its estimated time there (from its graph, per call and per
+row) would pass ``INTERPRETED_SECONDS``, then is compiled; the others compile at their first
+call.
 ``model/numba_special.py``: the trigamma function, which PyTensor's Numba backend
 otherwise runs in object mode (uncacheable: a Student-t step compiled its search graph in every
 process). Deterministic checks (no Monte Carlo, no false failures).
@@ -30,10 +31,11 @@ def _softplus_rows() -> tuple[list, list]:
     return [q, x], [pt.softplus(x @ q), pt.sum(pt.log1p(pt.exp(-(x @ q))))]
 
 
-def test_a_function_is_interpreted_until_its_work_would_pass_the_budget(monkeypatch):
-    # Budget for three calls of 50 rows: the fourth is compiled (caught if the switch came
-    # early, late, or never, or if the two tiers gave different values).
-    monkeypatch.setattr(compiled, "INTERPRETED_WORK", 3 * (compiled.CALL_WORK + 50))
+def test_a_function_is_interpreted_until_its_estimated_time_would_pass_the_budget(monkeypatch):
+    # One estimated second per call and a budget of three: the fourth call is compiled
+    # (caught if the switch came early, late, or never, or if the two gave different values).
+    monkeypatch.setattr(compiled, "_interpreted_cost", lambda function: (1.0, 0.0))
+    monkeypatch.setattr(compiled, "INTERPRETED_SECONDS", 3.0)
     function = LazyFunction(_softplus_rows, {}, interpreted_first=True)
     rng = np.random.default_rng(0)
     q = rng.normal(size=2)
@@ -50,10 +52,30 @@ def test_a_function_is_interpreted_until_its_work_would_pass_the_budget(monkeypa
 
 
 def test_a_long_first_call_is_compiled(monkeypatch):
-    monkeypatch.setattr(compiled, "INTERPRETED_WORK", compiled.CALL_WORK + 99)
-    function = LazyFunction(_softplus_rows, {}, interpreted_first=True)
-    function(np.zeros(2), np.zeros((100, 2)))
-    assert function.compiled
+    # 1e-3 s per row: 100 rows are over a budget of 0.05 s, 10 rows are not.
+    monkeypatch.setattr(compiled, "_interpreted_cost", lambda function: (0.0, 1e-3))
+    monkeypatch.setattr(compiled, "INTERPRETED_SECONDS", 0.05)
+    short = LazyFunction(_softplus_rows, {}, interpreted_first=True)
+    short(np.zeros(2), np.zeros((10, 2)))
+    assert not short.compiled
+    long = LazyFunction(_softplus_rows, {}, interpreted_first=True)
+    long(np.zeros(2), np.zeros((100, 2)))
+    assert long.compiled
+
+
+def test_elementwise_python_loops_cost_more_per_row():
+    # softplus has no NumPy ufunc (nfunc_spec): the Python linker calls it once per element.
+    def exp_rows() -> tuple[list, list]:
+        x = pt.matrix("x")
+        return [x], [pt.exp(x).sum(axis=1)]
+
+    looped, vectorised = (
+        LazyFunction(build, {}, interpreted_first=True) for build in (_softplus_rows, exp_rows)
+    )
+    looped(np.zeros(2), np.zeros((3, 2)))
+    vectorised(np.zeros((3, 2)))
+    assert looped._interpreted_cost[1] >= compiled.SECONDS_PER_PYTHON_LOOP_ROW
+    assert vectorised._interpreted_cost[1] < compiled.SECONDS_PER_PYTHON_LOOP_ROW
 
 
 def test_a_draw_function_compiles_at_its_first_call():

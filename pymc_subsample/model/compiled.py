@@ -25,6 +25,8 @@ from pymc.pytensorf import compile as compile_pytensor
 from pytensor import config
 from pytensor.compile.mode import Mode
 from pytensor.graph.basic import Variable
+from pytensor.scalar.basic import Cast
+from pytensor.tensor.elemwise import Elemwise
 
 from pymc_subsample.model.numba_special import register_numba_lowerings
 from pymc_subsample.warnings import missing_blas_notice_silenced, numba_fallbacks_silenced
@@ -43,15 +45,19 @@ __all__ = [
 GraphBuilder = Callable[[], tuple[Sequence[Variable], Any]]
 
 
-#: Rows a call is counted as besides its own rows. PyTensor's Python linker pays a few
-#: microseconds per node and call, 0.3-1 ms on the package's graphs against tens of
-#: microseconds compiled, so a function called once per draw is compiled after some 500 calls.
-CALL_WORK = 100_000
-#: Work (rows read, and CALL_WORK per call) a function does through PyTensor's Python linker
-#: before it is compiled: on the heaviest set-up graphs measured (a Student-t regression's
-#: Newton pass with its Hessian, about 70 ns per row) a few seconds, what compiling that graph
-#: for Numba costs.
-INTERPRETED_WORK = 50_000_000
+#: Estimated seconds of PyTensor's Python linker, per node and call, and per node and row
+#: for a node NumPy or SciPy runs as one vectorised call and for an elementwise node without
+#: one (a scalar op with no ``nfunc_spec``, ``softplus`` say, which NumPy's ``frompyfunc`` runs
+#: as a Python call per element). Measured on the package's set-up graphs on 1e5 to 3e5 rows:
+#: 4-8 ns per row and node for the first kind (a Student-t regression's Newton step with its
+#: Hessian, 256 nodes), 1.2 us per row for a hierarchy's per-row derivatives (154 nodes, three
+#: of them ``softplus`` and its derivatives).
+SECONDS_PER_NODE_CALL = 5e-6
+SECONDS_PER_NODE_ROW = 5e-9
+SECONDS_PER_PYTHON_LOOP_ROW = 2.5e-7
+#: Estimated seconds a function runs on PyTensor's Python linker before it is compiled: the
+#: seconds compiling one of these graphs costs on a warm cache, a tenth of a cold one.
+INTERPRETED_SECONDS = 3.0
 
 
 class LazyFunction:
@@ -61,11 +67,12 @@ class LazyFunction:
     the derivative graphs of a reference search or a hierarchy's sums, which a step calls a few
     dozen times during its set-up. A set-up function (``interpreted_first``) starts on
     PyTensor's Python linker, with the same rewrites but no elementwise fusion (each node one
-    NumPy operation over the rows: a Newton pass of a Student-t regression with its Hessian
-    took 7 ms on 1e5 rows) and is compiled once the work it did that way, counted in rows
-    (``CALL_WORK`` per call plus the rows of its longest argument), would pass
-    ``INTERPRETED_WORK``. Which of the two runs a call depends only on the calls before it,
-    never on timing, so a seed gives the same draws in every run. The functions of a draw are
+    NumPy operation over the rows) and is compiled once the time it has run that way, as
+    estimated from its graph (``SECONDS_PER_NODE_CALL`` per node and call, and per row
+    ``SECONDS_PER_NODE_ROW`` for each node or ``SECONDS_PER_PYTHON_LOOP_ROW`` for an
+    elementwise node NumPy loops over in Python), would pass ``INTERPRETED_SECONDS``. The
+    estimate depends only on the graph and the calls before, never on a clock, so a seed gives
+    the same draws in every run. The functions of a draw are
     compiled at their first call: they are called thousands of times, and most are also
     Numba kernels (:meth:`numba_kernel`), which are always compiled.
 
@@ -84,7 +91,8 @@ class LazyFunction:
         "_compile_kwargs",
         "_function",
         "_interpreted",
-        "_interpreted_work",
+        "_interpreted_cost",
+        "_interpreted_seconds",
         "_numba_function",
     )
 
@@ -99,8 +107,10 @@ class LazyFunction:
         self._compile_kwargs = compile_kwargs
         self._function: Callable[..., Any] | None = None
         self._interpreted: Callable[..., Any] | None = None
-        # A function compiled at once is one whose interpreted work is already spent.
-        self._interpreted_work = 0 if interpreted_first else INTERPRETED_WORK
+        # Estimated seconds per call and per row on the Python linker, known once it is built.
+        self._interpreted_cost: tuple[float, float] | None = None
+        # A function compiled at once is one whose interpreted time is already spent.
+        self._interpreted_seconds = 0.0 if interpreted_first else INTERPRETED_SECONDS
         self._numba_function: Callable[..., Any] | None = None
 
     @property
@@ -118,13 +128,16 @@ class LazyFunction:
         function = self._function
         if function is not None:
             return function(*args)
-        work = self._interpreted_work + CALL_WORK + _rows_of(args)
-        if work <= INTERPRETED_WORK:
-            self._interpreted_work = work
+        if self._interpreted_seconds < INTERPRETED_SECONDS:
             interpreted = self._interpreted or self._interpret()
-            # NumPy's floating-point warnings: compiled code gives the same inf and NaN quietly.
-            with np.errstate(all="ignore"):
-                return interpreted(*args)
+            per_call, per_row = self._interpreted_cost or (0.0, 0.0)
+            seconds = self._interpreted_seconds + per_call + per_row * _rows_of(args)
+            if seconds <= INTERPRETED_SECONDS:
+                self._interpreted_seconds = seconds
+                # NumPy's floating-point warnings: compiled code gives the same inf and NaN.
+                with np.errstate(all="ignore"):
+                    return interpreted(*args)
+            self._interpreted_seconds = INTERPRETED_SECONDS
         # The first call loads (or JIT-compiles) the Numba code: many objects as well.
         with collection_paused():
             return self.compile()(*args)
@@ -137,6 +150,7 @@ class LazyFunction:
             self._interpreted = compile_function(
                 list(inputs), outputs, {**self._compile_kwargs, "mode": mode}
             )
+        self._interpreted_cost = _interpreted_cost(self._interpreted)
         return self._interpreted
 
     def compile(self) -> Callable[..., Any]:
@@ -193,7 +207,7 @@ class LazyFunction:
     @property
     def interpreted_first(self) -> bool:
         """Whether the function still runs on PyTensor's Python linker at its next small call."""
-        return self._function is None and self._interpreted_work < INTERPRETED_WORK
+        return self._function is None and self._interpreted_seconds < INTERPRETED_SECONDS
 
     def __getstate__(self) -> tuple[Any, ...]:
         return (
@@ -201,7 +215,8 @@ class LazyFunction:
             self._compile_kwargs,
             self._function,
             self._interpreted,
-            self._interpreted_work,
+            self._interpreted_cost,
+            self._interpreted_seconds,
             self._numba_function,
         )
 
@@ -211,7 +226,8 @@ class LazyFunction:
             self._compile_kwargs,
             self._function,
             self._interpreted,
-            self._interpreted_work,
+            self._interpreted_cost,
+            self._interpreted_seconds,
             self._numba_function,
         ) = state
 
@@ -251,6 +267,23 @@ def _numba_cache_key(jit_function: Any) -> str | None:
         return None
     py_function = getattr(jit_function, "py_func", None)
     return None if py_function is None else CACHED_SRC_FUNCTIONS.get(py_function)
+
+
+def _interpreted_cost(function: Any) -> tuple[float, float]:
+    """Estimate a Python-linker function's seconds per call and per row (``LazyFunction``)."""
+    nodes = function.maker.fgraph.apply_nodes
+    # Nodes on scalars (the parameters' transforms, a Student-t's trigamma(nu / 2)) cost per
+    # call only; the others are counted per row, an overestimate for those on short vectors.
+    arrays = [node for node in nodes if any(out.ndim for out in node.outputs)]
+    python_loops = sum(
+        1
+        for node in arrays
+        if isinstance(node.op, Elemwise)
+        and not isinstance(node.op.scalar_op, Cast)  # NumPy's astype
+        and not getattr(node.op.scalar_op, "nfunc_spec", None)
+    )
+    per_row = SECONDS_PER_NODE_ROW * len(arrays) + SECONDS_PER_PYTHON_LOOP_ROW * python_loops
+    return SECONDS_PER_NODE_CALL * len(nodes), per_row
 
 
 def _rows_of(args: tuple[Any, ...]) -> int:
