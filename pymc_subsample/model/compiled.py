@@ -57,7 +57,7 @@ SECONDS_PER_NODE_ROW = 5e-9
 SECONDS_PER_PYTHON_LOOP_ROW = 2.5e-7
 #: Estimated seconds a function runs on PyTensor's Python linker before it is compiled: the
 #: seconds compiling one of these graphs costs on a warm cache, a tenth of a cold one.
-INTERPRETED_SECONDS = 3.0
+INTERPRETED_SECONDS = 2.0
 
 
 class LazyFunction:
