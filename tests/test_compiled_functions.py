@@ -63,7 +63,9 @@ def test_a_long_first_call_is_compiled(monkeypatch):
     assert long.compiled
 
 
-def test_elementwise_python_loops_cost_more_per_row():
+def test_elementwise_python_loops_cost_more_per_row(monkeypatch):
+    monkeypatch.setattr(compiled, "INTERPRETED_SECONDS", 3.0)
+
     # softplus has no NumPy ufunc (nfunc_spec): the Python linker calls it once per element.
     def exp_rows() -> tuple[list, list]:
         x = pt.matrix("x")
@@ -84,7 +86,8 @@ def test_a_draw_function_compiles_at_its_first_call():
     assert function.compiled
 
 
-def test_numba_kernels_are_compiled():
+def test_numba_kernels_are_compiled(monkeypatch):
+    monkeypatch.setattr(compiled, "INTERPRETED_SECONDS", 3.0)
     function = LazyFunction(_softplus_rows, {}, interpreted_first=True)
     function(np.zeros(2), np.zeros((3, 2)))
     assert not function.compiled

@@ -57,7 +57,9 @@ SECONDS_PER_NODE_ROW = 5e-9
 SECONDS_PER_PYTHON_LOOP_ROW = 2.5e-7
 #: Estimated seconds a function runs on PyTensor's Python linker before it is compiled: the
 #: seconds compiling one of these graphs costs on a warm cache, a tenth of a cold one.
-INTERPRETED_SECONDS = 2.0
+# 0 (off): on PyMC 5 / PyTensor 2 a memory-mapped search pass ran for minutes interpreted;
+# the tier is kept, tested, and off until that is understood.
+INTERPRETED_SECONDS = 0.0
 
 
 class LazyFunction:
@@ -275,15 +277,24 @@ def _interpreted_cost(function: Any) -> tuple[float, float]:
     # Nodes on scalars (the parameters' transforms, a Student-t's trigamma(nu / 2)) cost per
     # call only; the others are counted per row, an overestimate for those on short vectors.
     arrays = [node for node in nodes if any(out.ndim for out in node.outputs)]
-    python_loops = sum(
-        1
-        for node in arrays
-        if isinstance(node.op, Elemwise)
-        and not isinstance(node.op.scalar_op, Cast)  # NumPy's astype
-        and not getattr(node.op.scalar_op, "nfunc_spec", None)
-    )
+    python_loops = sum(1 for node in arrays if _loops_in_python(node))
     per_row = SECONDS_PER_NODE_ROW * len(arrays) + SECONDS_PER_PYTHON_LOOP_ROW * python_loops
     return SECONDS_PER_NODE_CALL * len(nodes), per_row
+
+
+def _loops_in_python(node: Any) -> bool:
+    """Whether PyTensor's Python linker runs ``node`` as a Python call per element.
+
+    An elementwise node runs as one NumPy call where its scalar op names a NumPy or SciPy
+    function of as many inputs (``nfunc_spec``); otherwise ``Elemwise.perform`` falls back to
+    ``np.frompyfunc`` of the scalar op's Python ``impl``: ``softplus``, small composites,
+    and a ``mul`` or ``add`` of three or more inputs (on PyTensor 2, whose ``Mul.impl`` is
+    ``np.prod`` per element: a search pass on a memory map took minutes).
+    """
+    if not isinstance(node.op, Elemwise) or isinstance(node.op.scalar_op, Cast):
+        return False  # Cast runs as NumPy's astype
+    spec = getattr(node.op.scalar_op, "nfunc_spec", None)
+    return not spec or len(node.inputs) != spec[1]
 
 
 def _rows_of(args: tuple[Any, ...]) -> int:
