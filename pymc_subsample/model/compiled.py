@@ -212,26 +212,11 @@ class LazyFunction:
         return self._function is None and self._interpreted_seconds < INTERPRETED_SECONDS
 
     def __getstate__(self) -> tuple[Any, ...]:
-        return (
-            self._build,
-            self._compile_kwargs,
-            self._function,
-            self._interpreted,
-            self._interpreted_cost,
-            self._interpreted_seconds,
-            self._numba_function,
-        )
+        return tuple(getattr(self, name) for name in self.__slots__)
 
     def __setstate__(self, state: tuple[Any, ...]) -> None:
-        (
-            self._build,
-            self._compile_kwargs,
-            self._function,
-            self._interpreted,
-            self._interpreted_cost,
-            self._interpreted_seconds,
-            self._numba_function,
-        ) = state
+        for name, value in zip(self.__slots__, state, strict=True):
+            setattr(self, name, value)
 
 
 @dataclass(frozen=True)
