@@ -27,7 +27,8 @@ and PyTensor's per-operation code cached, the model's graphs not.
 Reported: the seconds, ``ratio`` (ours over NUTS's, per state), the proposal, control
 variate and expansion the step chose, and the compile time of each of the step's compiled
 functions at its first call and at the call that compiles it (``first_calls``: which graphs
-cost the build; most run on PyTensor's Python linker and are never compiled).
+cost the build; with ``compiled.INTERPRETED_SECONDS`` above 0 the set-up's functions run on
+PyTensor's Python linker first, and the first call and the compiling one differ).
 
 Run ``python benchmarks/first_build.py`` (``--rows 100000``: about 15 minutes on 2 cores; the
 hierarchy's cold build at 1e6 rows alone took more than 30 minutes); ``--models hierarchy`` for a

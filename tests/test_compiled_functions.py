@@ -2,8 +2,8 @@
 
 ``model/compiled.py``: a set-up :class:`LazyFunction` (``interpreted_first``) runs on
 PyTensor's Python linker until its estimated time there (from its graph, per call and per
-row) would pass ``INTERPRETED_SECONDS``, then is compiled; the others compile at their first
-call.
+row) would pass ``INTERPRETED_SECONDS`` (2 s on PyTensor 3, 0 on PyTensor 2), or one call would
+pass a quarter of it, then is compiled; the others compile at their first call.
 ``model/numba_special.py``: the trigamma function, which PyTensor's Numba backend
 otherwise runs in object mode (uncacheable: a Student-t step compiled its search graph in every
 process). Deterministic checks (no Monte Carlo, no false failures).
@@ -32,16 +32,16 @@ def _softplus_rows() -> tuple[list, list]:
 
 
 def test_a_function_is_interpreted_until_its_estimated_time_would_pass_the_budget(monkeypatch):
-    # One estimated second per call and a budget of three: the fourth call is compiled
+    # One estimated second per call and a budget of four: the fifth call is compiled
     # (caught if the switch came early, late, or never, or if the two gave different values).
     monkeypatch.setattr(compiled, "_interpreted_cost", lambda function: (1.0, 0.0))
-    monkeypatch.setattr(compiled, "INTERPRETED_SECONDS", 3.0)
+    monkeypatch.setattr(compiled, "INTERPRETED_SECONDS", 4.0)
     function = LazyFunction(_softplus_rows, {}, interpreted_first=True)
     rng = np.random.default_rng(0)
     q = rng.normal(size=2)
     x = rng.normal(size=(50, 2)) * 400.0  # saturating rows: the rewrites' stable softplus
     assert not function.built
-    values = [function(q, x) for _ in range(3)]
+    values = [function(q, x) for _ in range(4)]
     assert function.built and not function.compiled
     compiled_values = function(q, x)
     assert function.compiled
@@ -61,6 +61,26 @@ def test_a_long_first_call_is_compiled(monkeypatch):
     long = LazyFunction(_softplus_rows, {}, interpreted_first=True)
     long(np.zeros(2), np.zeros((100, 2)))
     assert long.compiled
+
+
+def test_a_call_over_a_quarter_of_the_budget_compiles(monkeypatch):
+    # 1e-3 s per row and a budget of 1 s: a call of 300 rows (0.3 s) fits the budget but not a
+    # quarter of it, so it compiles at once; 200 rows (0.2 s) run interpreted.
+    monkeypatch.setattr(compiled, "_interpreted_cost", lambda function: (0.0, 1e-3))
+    monkeypatch.setattr(compiled, "INTERPRETED_SECONDS", 1.0)
+    assert compiled.LONGEST_INTERPRETED_CALL == 0.25
+    cheap = LazyFunction(_softplus_rows, {}, interpreted_first=True)
+    cheap(np.zeros(2), np.zeros((200, 2)))
+    assert not cheap.compiled
+    costly = LazyFunction(_softplus_rows, {}, interpreted_first=True)
+    costly(np.zeros(2), np.zeros((300, 2)))
+    assert costly.compiled
+
+
+def test_the_tier_is_on_only_on_pytensor_3():
+    # PyTensor 2's Python linker loops over elements where the estimate assumes NumPy calls.
+    on = int(pytensor.__version__.split(".")[0]) >= 3
+    assert (compiled.INTERPRETED_SECONDS > 0) == on
 
 
 def test_elementwise_python_loops_cost_more_per_row(monkeypatch):

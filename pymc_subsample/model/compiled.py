@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import pytensor
 from pymc.pytensorf import compile as compile_pytensor
 from pytensor import config
 from pytensor.compile.mode import Mode
@@ -56,10 +57,17 @@ SECONDS_PER_NODE_CALL = 5e-6
 SECONDS_PER_NODE_ROW = 5e-9
 SECONDS_PER_PYTHON_LOOP_ROW = 2.5e-7
 #: Estimated seconds a function runs on PyTensor's Python linker before it is compiled: the
-#: seconds compiling one of these graphs costs on a warm cache, a tenth of a cold one.
-# 0 (off): on PyMC 5 / PyTensor 2 a memory-mapped search pass ran for minutes interpreted;
-# the tier is kept, tested, and off until that is understood.
-INTERPRETED_SECONDS = 0.0
+#: seconds compiling one of these graphs costs on a warm cache, a tenth of a cold one. On
+#: PyTensor 2 (PyMC 5) 0: every function compiles at its first call. Its Python linker runs
+#: more elementwise nodes as a Python call per element (a ``mul`` of three inputs is
+#: ``np.prod`` per element), and a memory-mapped search pass ran for minutes there.
+INTERPRETED_SECONDS = 2.0 if int(pytensor.__version__.split(".")[0]) >= 3 else 0.0
+#: A call estimated at more than this share of ``INTERPRETED_SECONDS`` compiles the function
+#: at once: a function that costs that much per call would be compiled a few calls later, so
+#: interpreting it only adds its interpreted seconds to every build, warm caches included (a
+#: 1,000-group hierarchy's per-row derivatives at 1e6 rows: 1.2 s a pass, and 4.3 s warm builds
+#: became 8.6 s).
+LONGEST_INTERPRETED_CALL = 0.25
 
 
 class LazyFunction:
@@ -72,7 +80,8 @@ class LazyFunction:
     NumPy operation over the rows) and is compiled once the time it has run that way, as
     estimated from its graph (``SECONDS_PER_NODE_CALL`` per node and call, and per row
     ``SECONDS_PER_NODE_ROW`` for each node or ``SECONDS_PER_PYTHON_LOOP_ROW`` for an
-    elementwise node NumPy loops over in Python), would pass ``INTERPRETED_SECONDS``. The
+    elementwise node NumPy loops over in Python), would pass ``INTERPRETED_SECONDS``, or at
+    once where one call would be more than ``LONGEST_INTERPRETED_CALL`` of it. The
     estimate depends only on the graph and the calls before, never on a clock, so a seed gives
     the same draws in every run. The functions of a draw are
     compiled at their first call: they are called thousands of times, and most are also
@@ -133,8 +142,12 @@ class LazyFunction:
         if self._interpreted_seconds < INTERPRETED_SECONDS:
             interpreted = self._interpreted or self._interpret()
             per_call, per_row = self._interpreted_cost or (0.0, 0.0)
-            seconds = self._interpreted_seconds + per_call + per_row * _rows_of(args)
-            if seconds <= INTERPRETED_SECONDS:
+            this_call = per_call + per_row * _rows_of(args)
+            seconds = self._interpreted_seconds + this_call
+            if (
+                seconds <= INTERPRETED_SECONDS
+                and this_call <= LONGEST_INTERPRETED_CALL * INTERPRETED_SECONDS
+            ):
                 self._interpreted_seconds = seconds
                 # NumPy's floating-point warnings: compiled code gives the same inf and NaN.
                 with np.errstate(all="ignore"):
