@@ -2,8 +2,8 @@
 
 ``model/compiled.py``: a set-up :class:`LazyFunction` (``interpreted_first``) runs on
 PyTensor's Python linker until its estimated time there (from its graph, per call and per
-row) would pass ``INTERPRETED_SECONDS`` (2 s on PyTensor 3, 0 on PyTensor 2), or one call would
-pass a quarter of it, then is compiled; the others compile at their first call.
+row) would pass ``INTERPRETED_SECONDS`` (2 s on PyTensor 3, 0 on PyTensor 2), then is compiled;
+the others compile at their first call.
 ``model/numba_special.py``: the trigamma function, which PyTensor's Numba backend
 otherwise runs in object mode (uncacheable: a Student-t step compiled its search graph in every
 process). Deterministic checks (no Monte Carlo, no false failures).
@@ -61,20 +61,6 @@ def test_a_long_first_call_is_compiled(monkeypatch):
     long = LazyFunction(_softplus_rows, {}, interpreted_first=True)
     long(np.zeros(2), np.zeros((100, 2)))
     assert long.compiled
-
-
-def test_a_call_over_a_quarter_of_the_budget_compiles(monkeypatch):
-    # 1e-3 s per row and a budget of 1 s: a call of 300 rows (0.3 s) fits the budget but not a
-    # quarter of it, so it compiles at once; 200 rows (0.2 s) run interpreted.
-    monkeypatch.setattr(compiled, "_interpreted_cost", lambda function: (0.0, 1e-3))
-    monkeypatch.setattr(compiled, "INTERPRETED_SECONDS", 1.0)
-    assert compiled.LONGEST_INTERPRETED_CALL == 0.25
-    cheap = LazyFunction(_softplus_rows, {}, interpreted_first=True)
-    cheap(np.zeros(2), np.zeros((200, 2)))
-    assert not cheap.compiled
-    costly = LazyFunction(_softplus_rows, {}, interpreted_first=True)
-    costly(np.zeros(2), np.zeros((300, 2)))
-    assert costly.compiled
 
 
 def test_the_tier_is_on_only_on_pytensor_3():

@@ -62,12 +62,6 @@ SECONDS_PER_PYTHON_LOOP_ROW = 2.5e-7
 #: more elementwise nodes as a Python call per element (a ``mul`` of three inputs is
 #: ``np.prod`` per element), and a memory-mapped search pass ran for minutes there.
 INTERPRETED_SECONDS = 2.0 if int(pytensor.__version__.split(".")[0]) >= 3 else 0.0
-#: A call estimated at more than this share of ``INTERPRETED_SECONDS`` compiles the function
-#: at once: a function that costs that much per call would be compiled a few calls later, so
-#: interpreting it only adds its interpreted seconds to every build, warm caches included (a
-#: 1,000-group hierarchy's per-row derivatives at 1e6 rows: 1.2 s a pass, and 4.3 s warm builds
-#: became 8.6 s).
-LONGEST_INTERPRETED_CALL = 0.25
 
 
 class LazyFunction:
@@ -80,8 +74,7 @@ class LazyFunction:
     NumPy operation over the rows) and is compiled once the time it has run that way, as
     estimated from its graph (``SECONDS_PER_NODE_CALL`` per node and call, and per row
     ``SECONDS_PER_NODE_ROW`` for each node or ``SECONDS_PER_PYTHON_LOOP_ROW`` for an
-    elementwise node NumPy loops over in Python), would pass ``INTERPRETED_SECONDS``, or at
-    once where one call would be more than ``LONGEST_INTERPRETED_CALL`` of it. The
+    elementwise node NumPy loops over in Python), would pass ``INTERPRETED_SECONDS``. The
     estimate depends only on the graph and the calls before, never on a clock, so a seed gives
     the same draws in every run. The functions of a draw are
     compiled at their first call: they are called thousands of times, and most are also
@@ -142,12 +135,8 @@ class LazyFunction:
         if self._interpreted_seconds < INTERPRETED_SECONDS:
             interpreted = self._interpreted or self._interpret()
             per_call, per_row = self._interpreted_cost or (0.0, 0.0)
-            this_call = per_call + per_row * _rows_of(args)
-            seconds = self._interpreted_seconds + this_call
-            if (
-                seconds <= INTERPRETED_SECONDS
-                and this_call <= LONGEST_INTERPRETED_CALL * INTERPRETED_SECONDS
-            ):
+            seconds = self._interpreted_seconds + per_call + per_row * _rows_of(args)
+            if seconds <= INTERPRETED_SECONDS:
                 self._interpreted_seconds = seconds
                 # NumPy's floating-point warnings: compiled code gives the same inf and NaN.
                 with np.errstate(all="ignore"):
