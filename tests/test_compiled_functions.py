@@ -80,10 +80,19 @@ def test_elementwise_python_loops_cost_more_per_row(monkeypatch):
     looped, vectorised = (
         LazyFunction(build, {}, interpreted_first=True) for build in (_softplus_rows, exp_rows)
     )
+
+    # A product of three vectors: PyTensor 3 folds np.multiply over them (no Python loop).
+    def product_rows() -> tuple[list, list]:
+        x, y, z = pt.vector("x"), pt.vector("y"), pt.vector("z")
+        return [x, y, z], [x * y * z]
+
+    product = LazyFunction(product_rows, {}, interpreted_first=True)
     looped(np.zeros(2), np.zeros((3, 2)))
     vectorised(np.zeros((3, 2)))
+    product(np.ones(3), np.ones(3), np.ones(3))
     assert looped._interpreted_cost[1] >= compiled.SECONDS_PER_PYTHON_LOOP_ROW
     assert vectorised._interpreted_cost[1] < compiled.SECONDS_PER_PYTHON_LOOP_ROW
+    assert product._interpreted_cost[1] < compiled.SECONDS_PER_PYTHON_LOOP_ROW
 
 
 def test_a_draw_function_compiles_at_its_first_call():

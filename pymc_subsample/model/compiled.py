@@ -26,7 +26,7 @@ from pymc.pytensorf import compile as compile_pytensor
 from pytensor import config
 from pytensor.compile.mode import Mode
 from pytensor.graph.basic import Variable
-from pytensor.scalar.basic import Cast
+from pytensor.scalar.basic import Add, Cast, Mul
 from pytensor.tensor.elemwise import Elemwise
 
 from pymc_subsample.model.numba_special import register_numba_lowerings
@@ -274,12 +274,13 @@ def _loops_in_python(node: Any) -> bool:
 
     An elementwise node runs as one NumPy call where its scalar op names a NumPy or SciPy
     function of as many inputs (``nfunc_spec``); otherwise ``Elemwise.perform`` falls back to
-    ``np.frompyfunc`` of the scalar op's Python ``impl``: ``softplus``, small composites,
-    and a ``mul`` or ``add`` of three or more inputs (on PyTensor 2, whose ``Mul.impl`` is
-    ``np.prod`` per element: a search pass on a memory map took minutes).
+    ``np.frompyfunc`` of the scalar op's Python ``impl``: ``softplus``, small composites.
+    PyTensor 3 (where the tier is on) runs a ``Cast`` as ``astype`` and folds a ``mul`` or
+    ``add`` of three or more inputs with its binary ufunc; PyTensor 2 ran those per element
+    (``np.prod``: a search pass on a memory map took minutes).
     """
-    if not isinstance(node.op, Elemwise) or isinstance(node.op.scalar_op, Cast):
-        return False  # Cast runs as NumPy's astype
+    if not isinstance(node.op, Elemwise) or isinstance(node.op.scalar_op, Add | Mul | Cast):
+        return False
     spec = getattr(node.op.scalar_op, "nfunc_spec", None)
     return not spec or len(node.inputs) != spec[1]
 
