@@ -36,6 +36,7 @@ from pymc_subsample.kernels.group_effects import (
     GroupSweepInfo,
 )
 from pymc_subsample.kernels.group_tests import BARKER, STAGE_GROWTH, GroupTest
+from pymc_subsample.kernels.warm_up import wait_for_kernel_warm_up
 from pymc_subsample.model.compiled import compile_driver
 
 if TYPE_CHECKING:
@@ -105,6 +106,9 @@ class FusedGroupSweep:
             "n_residual_shared": len(self._residual.implicit),
         }
         self._decisions_source = _source(_DECISIONS_TEMPLATE, **self._shapes, n_parts_shared=0)
+        # The drivers call the package's kernels: load them from the cache the helper process
+        # filled while this one built the step (kernels/warm_up.py), if one runs.
+        wait_for_kernel_warm_up()
         self._decisions = compile_driver(
             self._decisions_source,
             "group_decisions",

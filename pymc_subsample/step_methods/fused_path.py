@@ -29,6 +29,7 @@ from scipy.special import stdtrit
 
 from pymc_subsample.kernels import fused
 from pymc_subsample.kernels.proposals import IndependentProposal, RandomWalkProposal
+from pymc_subsample.kernels.warm_up import wait_for_kernel_warm_up
 from pymc_subsample.model.compiled import NumbaKernel, compile_driver
 from pymc_subsample.step_methods.proposal_parts.independent import IndependentPart
 from pymc_subsample.step_methods.proposal_parts.random_walk import RandomWalkPart
@@ -333,6 +334,9 @@ def _driver(
         reference_arg=", reference" if with_reference else "",
         gathered="".join(f", {name}[rows]" for name in data_names),
     )
+    # The driver calls the package's kernels: load them from the cache the helper process
+    # filled while this one built the step (kernels/warm_up.py), if one runs.
+    wait_for_kernel_warm_up()
     environment = {
         # Numba's cache rebuilds a function's environment by importing its module by name.
         "__name__": __name__,

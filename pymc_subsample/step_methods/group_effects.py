@@ -222,6 +222,8 @@ class GroupEffectsMH(CompiledSweepParts, GroupMoves, SubsampleStepBase):
     """
 
     name = "group_effects_mh"
+    #: The package kernels its sweeps call, compiled ahead (``kernels/warm_up.py``).
+    warm_kernels: ClassVar[tuple[str, ...]] = ("fused_groups", "fused_proposals", "group_newton")
     _state_class = GroupEffectsState
     stats_dtypes_shapes: ClassVar[dict[str, StatSpec]] = {
         **{field: (np.int64, []) for field in GroupSweepInfo._fields},

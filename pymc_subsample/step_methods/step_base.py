@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from abc import abstractmethod
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pymc as pm
@@ -21,6 +21,7 @@ from pymc.util import RandomGenerator, get_random_generator
 from pytensor.graph.basic import Variable
 from pytensor.tensor.variable import TensorVariable
 
+from pymc_subsample.kernels.warm_up import start_kernel_warm_up
 from pymc_subsample.model.oracle_builder import build_oracles
 from pymc_subsample.model.oracles import ModelOracles
 from pymc_subsample.reference import funnel_explanation
@@ -46,6 +47,9 @@ class SubsampleStepBase(ArrayStepShared):
     """
 
     default_blocked = True
+    #: The modules of package kernels (``kernels/warm_up.py``) its draws call, compiled in a
+    #: helper process while the step is built.
+    warm_kernels: ClassVar[tuple[str, ...]] = ()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -67,6 +71,9 @@ class SubsampleStepBase(ArrayStepShared):
         discrete: bool = False,
     ) -> None:
         model = pm.modelcontext(model)
+        # A first build on this machine: the package's kernels compile in another process
+        # meanwhile (kernels/warm_up.py).
+        start_kernel_warm_up(self.warm_kernels)
         vars = step_value_vars(model, vars)
         # None: the subclass chooses once it knows whether a control variate applies.
         self.batch_size = (

@@ -1,0 +1,201 @@
+"""Compile the package's own Numba kernels in a helper process while a step is built.
+
+The fused draw and the group sweep (``docs/architecture.md``, "The fused draw") call the
+Numba kernels of ``kernels/fused.py``, ``kernels/fused_groups.py``,
+``kernels/fused_proposals.py`` and ``kernels/group_newton.py``. They do not depend on the
+model, so Numba caches them on disk once per machine (``cache=True``); but a user's first
+build pays for compiling them, 4-5 s of a cold first build on 2 cores, after the reference
+search and the model's own graphs, one after the other.
+
+:func:`start_kernel_warm_up` starts, at most once per process, a helper process that
+compiles them with the signatures the drivers call them with (:data:`KERNEL_SIGNATURES`)
+into the same cache, while this process searches for its reference point and compiles the
+model's graphs; :func:`wait_for_kernel_warm_up` waits for it before a driver that calls them
+is compiled, which then loads them from the cache. Nothing changes but when the compiling
+happens: the kernels and their cache are Numba's own, and where the helper cannot run, has
+not finished in time or fails, this process compiles them itself, as it did before.
+
+The helper runs only where it can help: with the kernels not yet cached, Numba's cache
+enabled, and at least two cores for this process.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.machinery
+import importlib.util
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from numba.core import types
+
+__all__ = [
+    "KERNEL_SIGNATURES",
+    "compile_kernels",
+    "kernels_cached",
+    "start_kernel_warm_up",
+    "wait_for_kernel_warm_up",
+]
+
+_F, _I, _B = types.float64, types.int64, types.boolean
+_F1, _F2, _F3 = types.float64[::1], types.float64[:, ::1], types.float64[:, :, ::1]
+_I1, _I2, _B1 = types.int64[::1], types.int64[:, ::1], types.boolean[::1]
+_FA1 = types.float64[:]
+# A grouping factor's quadratic model as proposal_terms reads it: mean, precision, factor.
+_FACTOR_MODEL = types.Tuple((_F2, _F3, _F2))
+
+#: The kernels the generated drivers call, by module (the fused draw's, the group sweep's
+#: three) and name, with the argument types the
+#: drivers call them with (``tests/test_kernel_warm_up.py`` checks them against the kernels
+#: a fused draw and a group sweep compile). A kernel's callees are compiled with it.
+KERNEL_SIGNATURES: dict[str, dict[str, tuple[tuple[Any, ...], ...]]] = {
+    "fused": {
+        "seed_generator": ((_I,),),
+        "propose": ((_I, _F1, _F, _F2, _F2, _F1),),
+        "proxy_difference": ((_F1, _F1, _F1, _F1, _F2, _I),),
+        "log_uniform_for": ((_I,),),
+        "start_test": ((_I1, _F1),),
+        "draw_rows": ((_I, _I, _I1, _I1, _I1, _I1),),
+        "consume_stages": ((_F1, _I, _I, _B, _I, _F, _F, _F1, _F1),),
+        "finish_decision": ((_I, _B, _F, _F, _I, _F, _F1, _I1, _F1, _F1, _F, _F1),),
+        "distance_sq": ((_F1, _F1, _F2),),
+    },
+    "fused_groups": {
+        "rows_of_groups": ((_I1, _I1, _B1),),
+        # PyTensor 2's kernels hand the values over as a strided view; PyTensor 3's in order.
+        "add_by_group": ((_F1, _I1, _F1), (_FA1, _I1, _F1)),
+        "draw_group_rows": ((_I1, _I1, _I1, _I),),
+        "consume_group_stage": (
+            (_F1, _I1, _I, _I, _I1, _F2, _F1, _F1, _I, _F1, _F1, _F1, _F, _B1, _B1),
+        ),
+        "finish_groups": ((_F1, _F1, _F1, _B1, _I, _B1, _I1),),
+    },
+    "fused_proposals": {
+        "sweep_noise": ((_I, _I),),
+        "effects_of": ((_F1, _I2),),
+        "newton_proposal": ((_F2, _F3, _F2, _F2, _F1),),
+        "proposal_terms": (
+            (_F2, _F2, _F1, _F1, _FACTOR_MODEL, _FACTOR_MODEL, _F2, _F2, _F3, _F2, _F2),
+        ),
+        "with_effects": ((_F1, _I2, _F2, _B1),),
+    },
+    "group_newton": {
+        "small_symmetric_eigen": ((_F3,),),
+        "newton_precision": ((_F2, _F3),),
+        "newton_mean": ((_F2, _F2, _B1, _F2, _F3),),
+        "proposal_log_density": ((_F2, _F2, _F3, _F2),),
+        "cell_model_derivatives": ((_F2, _F3, _F2, _F3, _F2, _F2, _F3),),
+    },
+}
+
+#: The longest a build waits for the helper before compiling the kernels itself (seconds).
+WAIT_SECONDS = 120.0
+_PACKAGE = "pymc_subsample"
+#: The helper processes started and not yet waited for, and the modules asked for.
+_helpers: list[subprocess.Popen[bytes]] = []
+_requested: set[str] = set()
+
+
+def _dispatchers(modules: Sequence[str]) -> list[tuple[Any, tuple[tuple[Any, ...], ...]]]:
+    """Each kernel of ``modules`` as its Numba dispatcher and signatures (imports them)."""
+    found: list[tuple[Any, tuple[tuple[Any, ...], ...]]] = []
+    for module_name in modules:
+        kernels = KERNEL_SIGNATURES[module_name]
+        module = importlib.import_module(f"{_PACKAGE}.kernels.{module_name}")
+        found.extend((getattr(module, name), signatures) for name, signatures in kernels.items())
+    return found
+
+
+def compile_kernels(modules: Sequence[str]) -> None:
+    """Compile (or load from Numba's cache) the kernels of ``modules``."""
+    for dispatcher, signatures in _dispatchers(modules):
+        for signature in signatures:
+            dispatcher.compile(signature)
+
+
+def kernels_cached(modules: Sequence[str]) -> bool:
+    """Whether Numba's cache holds an index for every kernel of ``modules`` (no load)."""
+    for dispatcher, _ in _dispatchers(modules):
+        cache_file = getattr(getattr(dispatcher, "_cache", None), "_cache_file", None)
+        index = getattr(cache_file, "_index_path", None)
+        if index is None or not os.path.exists(index):
+            return False
+    return True
+
+
+def _cores() -> int:
+    """Count the cores this process may run on."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def start_kernel_warm_up(modules: Sequence[str]) -> None:
+    """Start a helper process compiling the kernels of ``modules``, where it helps.
+
+    ``modules`` name entries of :data:`KERNEL_SIGNATURES` (a step's ``warm_kernels``). Each
+    module is asked for once per process; a helper starts only for modules whose kernels
+    are not cached yet, with Numba's cache on and at least two cores for this process.
+    """
+    wanted = [name for name in modules if name not in _requested]
+    _requested.update(wanted)
+    if not wanted:
+        return
+    from numba.core import config
+
+    if getattr(config, "DISABLE_JIT", False) or _cores() < 2 or kernels_cached(wanted):
+        return
+    package_parent = str(Path(__file__).resolve().parents[2])
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        part for part in (package_parent, env.get("PYTHONPATH", "")) if part
+    )
+    try:
+        helper = subprocess.Popen(
+            [sys.executable, str(Path(__file__).resolve()), *wanted],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+    except OSError:
+        return
+    _helpers.append(helper)
+
+
+def wait_for_kernel_warm_up(timeout: float = WAIT_SECONDS) -> None:
+    """Wait for the helpers, if any run, for at most ``timeout`` seconds; then go on."""
+    deadline = time.monotonic() + timeout
+    while _helpers:
+        helper = _helpers.pop()
+        try:
+            helper.wait(timeout=max(deadline - time.monotonic(), 0.0))
+        except subprocess.TimeoutExpired:
+            helper.kill()
+            helper.wait()
+
+
+def _import_kernels_only() -> None:
+    """Make ``pymc_subsample`` importable without its ``__init__`` (which imports PyMC).
+
+    The helper needs only the kernel modules, which import NumPy, SciPy and Numba; the
+    package's ``__init__`` would import PyMC and PyTensor, seconds of the helper's time.
+    """
+    spec = importlib.machinery.ModuleSpec(_PACKAGE, None, is_package=True)
+    package = importlib.util.module_from_spec(spec)
+    package.__path__ = [str(Path(__file__).resolve().parents[1])]
+    sys.modules[_PACKAGE] = package
+
+
+if __name__ == "__main__":
+    # Run as a file, Python put this file's folder first on the path, where the kernels'
+    # module names would shadow any top-level module of the same name.
+    if sys.path and Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:
+        del sys.path[0]
+    _import_kernels_only()
+    compile_kernels(sys.argv[1:])

@@ -1,0 +1,143 @@
+"""The package's kernels compiled ahead in a helper process (``kernels/warm_up.py``).
+
+Each check runs in fresh processes on empty Numba and PyTensor caches (``tmp_path``), as a
+user's first build does. Deterministic: no Monte Carlo, no false failures.
+
+- The table of signatures holds the ones the drivers call: a fused draw and a group sweep
+  built on empty caches compile every kernel of the table, each with signatures the table
+  lists (a wrong or missing entry fails: the helper would compile what no driver loads, and
+  this process the rest). The table lists a variant for each PyTensor version where they
+  differ.
+- The helper fills Numba's cache: after it, loading the kernels is all cache hits.
+- A build starts the helper only where the kernels are not cached, and waits for it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pymc_subsample.kernels import warm_up
+
+REPOSITORY = Path(__file__).resolve().parents[1]
+
+
+def _run(code: str, caches: Path) -> dict:
+    """Run ``code`` in a fresh interpreter on the caches in ``caches``; return its JSON line."""
+    env = dict(os.environ)
+    env["NUMBA_CACHE_DIR"] = str(caches / "numba")
+    env["PYTENSOR_FLAGS"] = f"base_compiledir={caches / 'pytensor'}"
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPOSITORY), env.get("PYTHONPATH")]))
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+_COMPILED_SIGNATURES = """
+import json, warnings
+import numpy as np
+import pymc as pm
+import pymc_subsample as pms
+from pymc_subsample.kernels import warm_up
+
+warnings.simplefilter("ignore")
+warm_up._requested.update(warm_up.KERNEL_SIGNATURES)  # this process compiles them itself
+rng = np.random.default_rng(0)
+n = 4_000
+X = rng.normal(size=(n, 2))
+group = rng.integers(0, 20, n)
+y = rng.poisson(1.0, n)
+with pm.Model():
+    b = pm.Normal("b", 0.0, 1.0, shape=2)
+    pm.Poisson("y", mu=pm.math.exp(X @ b), observed=y)
+    step = pms.AusterityMH()
+    assert step.draw_path == "fused", step.draw_path
+with pm.Model():
+    mu = pm.Normal("mu", 0.0, 1.0)
+    a = pm.Normal("a", mu, 1.0, shape=20)
+    b = pm.Normal("b", 0.0, 1.0)
+    pm.Poisson("y", mu=pm.math.exp(a[group] + b * X[:, 0]), observed=y)
+    step = pms.AusterityMH()
+    assert isinstance(step, pms.GroupEffectsMH), type(step)
+    pm.sample(draws=2, tune=0, chains=1, step=step, progressbar=False,
+              compute_convergence_checks=False, random_seed=1)
+compiled = {}
+for module, kernels in warm_up.KERNEL_SIGNATURES.items():
+    for (dispatcher, _), name in zip(warm_up._dispatchers([module]), kernels):
+        compiled[module + "." + name] = [
+            [str(t) for t in signature] for signature in dispatcher.signatures
+        ]
+print(json.dumps(compiled))
+"""
+
+
+def test_the_table_holds_the_signatures_the_drivers_compile(tmp_path):
+    compiled = _run(_COMPILED_SIGNATURES, tmp_path)
+    table = {
+        f"{module}.{name}": [[str(t) for t in signature] for signature in signatures]
+        for module, kernels in warm_up.KERNEL_SIGNATURES.items()
+        for name, signatures in kernels.items()
+    }
+    assert compiled.keys() == table.keys()
+    for kernel, signatures in compiled.items():
+        assert signatures, f"{kernel} was not compiled by any driver"
+        for signature in signatures:
+            assert signature in table[kernel], (kernel, signature)
+
+
+_HELPER_THEN_LOAD = """
+import json
+from pymc_subsample.kernels import warm_up
+
+cached_before = warm_up.kernels_cached(["fused"])
+warm_up.start_kernel_warm_up(["fused"])
+started = len(warm_up._helpers)
+warm_up.wait_for_kernel_warm_up()
+warm_up.compile_kernels(["fused"])
+hits = misses = 0
+for dispatcher, _ in warm_up._dispatchers(["fused"]):
+    hits += sum(dispatcher.stats.cache_hits.values())
+    misses += sum(dispatcher.stats.cache_misses.values())
+print(json.dumps({"cached_before": cached_before, "started": started,
+                  "cached_after": warm_up.kernels_cached(["fused"]),
+                  "hits": hits, "misses": misses}))
+"""
+
+
+@pytest.mark.skipif(warm_up._cores() < 2, reason="the helper runs only with two cores or more")
+def test_the_helper_fills_the_cache_this_process_then_loads(tmp_path):
+    first = _run(_HELPER_THEN_LOAD, tmp_path)
+    assert first == {
+        "cached_before": False,
+        "started": 1,
+        "cached_after": True,
+        "hits": len(warm_up.KERNEL_SIGNATURES["fused"]),
+        "misses": 0,
+    }
+    # A second process finds them cached and starts no helper.
+    second = _run(_HELPER_THEN_LOAD, tmp_path)
+    assert second["cached_before"] and second["started"] == 0 and second["misses"] == 0
+
+
+def test_no_helper_on_one_core_or_for_modules_already_asked_for(monkeypatch):
+    started: list[list[str]] = []
+    monkeypatch.setattr(warm_up, "_requested", set())
+    monkeypatch.setattr(warm_up, "_helpers", [])
+    monkeypatch.setattr(warm_up, "kernels_cached", lambda modules: False)
+    monkeypatch.setattr(
+        warm_up.subprocess, "Popen", lambda arguments, **_: started.append(arguments[2:])
+    )
+    monkeypatch.setattr(warm_up, "_cores", lambda: 1)
+    warm_up.start_kernel_warm_up(["fused"])
+    assert started == []
+    monkeypatch.setattr(warm_up, "_cores", lambda: 2)
+    warm_up.start_kernel_warm_up(["fused"])  # asked for once already
+    warm_up.start_kernel_warm_up(["fused", "group_newton"])
+    assert started == [["group_newton"]]
