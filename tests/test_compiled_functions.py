@@ -63,6 +63,37 @@ def test_a_long_first_call_is_compiled(monkeypatch):
     assert long.compiled
 
 
+def test_a_function_expected_to_read_many_rows_compiles_at_its_first_call(monkeypatch):
+    # 1e-3 s per row and a budget of 0.05 s: 10 rows a call fit, but a set-up expected to
+    # read 100 rows in all compiles at once; one expected to read 40 stays interpreted.
+    monkeypatch.setattr(compiled, "_interpreted_cost", lambda function: (0.0, 1e-3))
+    monkeypatch.setattr(compiled, "INTERPRETED_SECONDS", 0.05)
+    many = LazyFunction(_softplus_rows, {}, interpreted_first=True)
+    many.expect_rows(100)
+    many(np.zeros(2), np.zeros((10, 2)))
+    assert many.compiled
+    few = LazyFunction(_softplus_rows, {}, interpreted_first=True)
+    few.expect_rows(40)
+    few(np.zeros(2), np.zeros((10, 2)))
+    assert not few.compiled
+
+
+def test_a_build_tells_its_set_up_functions_the_rows_it_reads():
+    import pymc as pm
+
+    from pymc_subsample.model.oracle_builder import build_oracles
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=500)
+    with pm.Model() as model:
+        beta = pm.Normal("beta", 0.0, 1.0)
+        pm.Normal("y", beta * x, 1.0, observed=x)
+    oracles = build_oracles(model, model.value_vars, initial_point=model.initial_point())
+    functions = oracles._functions
+    for function in (functions.rows, functions.loglik_sum, *functions.search.values()):
+        assert function._expected_rows == compiled.SETUP_PASSES * 500
+
+
 def test_the_tier_is_on_only_on_pytensor_3():
     # PyTensor 2's Python linker loops over elements where the estimate assumes NumPy calls.
     on = int(pytensor.__version__.split(".")[0]) >= 3

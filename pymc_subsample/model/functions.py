@@ -25,6 +25,7 @@ from pytensor.tensor.variable import TensorVariable
 
 from pymc_subsample.model.checks import check_no_per_row_latents
 from pymc_subsample.model.compiled import (
+    SETUP_PASSES,
     GraphBuilder,
     LazyFunction,
     collection_paused,
@@ -116,6 +117,21 @@ class ModelFunctions:
     group_effects: Callable[[], GroupEffectFunctions | str]
     #: Reference points found on these functions, by data, start and settings (reference.py).
     references: dict[tuple[Any, ...], Any] = field(default_factory=dict)
+
+    def expect_rows(self, n_rows: int) -> None:
+        """Tell the set-up functions that read rows how many a build reads (``SETUP_PASSES``).
+
+        Those whose interpreted passes would pass their budget compile at their first call
+        (:meth:`LazyFunction.expect_rows`); the prior's Hessian reads no row.
+        """
+        for function in (
+            self.rows,
+            self.loglik_sum,
+            self.sums,
+            self.full_sums,
+            *self.search.values(),
+        ):
+            function.expect_rows(SETUP_PASSES * n_rows)
 
 
 def model_functions(

@@ -126,6 +126,7 @@ def build_oracles(
         proxy_order=proxy_order,
         _data=DataTracker(functions.row_data, functions.data),
     )
+    functions.expect_rows(oracles.n_rows)
     continuous = np.concatenate(
         [
             np.full(int(np.size(initial_point[str(v.name)])), v.dtype not in discrete_types)
