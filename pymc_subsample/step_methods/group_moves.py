@@ -38,6 +38,7 @@ from pymc_subsample.kernels.group_tests import GroupTest
 from pymc_subsample.kernels.hyper_walk import HyperWalk, HyperWalkInfo
 from pymc_subsample.kernels.stratified import (
     Strata,
+    resolution_for,
     stratified_barker_test,
     stratified_mh_test,
 )
@@ -159,7 +160,11 @@ class GroupMoves:
 
         A Student-t Newton proposal on the quadratic model (``_shared_model``), decided on
         every row's residual by the stratified test of ``kernels/stratified.py`` (the first
-        factor's groups by size class as strata), exact on every row where it is not.
+        factor's groups by size class as strata), exact on every row where it is not. The
+        test also decides once its estimate's standard error is at most
+        ``resolution_for(error_tolerance)``, so that a draw whose ``u`` falls near the
+        acceptance ratio does not read all N rows (the error this adds to the acceptance
+        probability is at most ``error_tolerance``; ``kernels/stratified.py``).
         """
         direct = self.functions.direct_coordinates
         x = q[direct][None, :]
@@ -205,6 +210,7 @@ class GroupMoves:
                 rest + known,
                 self.error_tolerance,
                 self.batch_size,
+                resolution=resolution_for(self.error_tolerance),
             )
         else:
             decision = stratified_barker_test(
