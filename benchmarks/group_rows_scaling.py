@@ -29,8 +29,8 @@ over the smallest across the N values, and ``within_1_5x``; the same ratio for t
 the shared rows and for ``n_full_groups`` (which part grows, if any).
 
 ``results/group_rows_scaling.json`` came from ``python benchmarks/group_rows_scaling.py`` (the
-defaults; its ``command``, ``seconds`` and ``source``, the commit measured): 116 s on a 2-core
-machine at load average 1.0 to 1.2 (peak resident memory at 1e7 rows 1.8 and 2.2 GiB).
+defaults; its ``command``, ``seconds`` and ``source``, the commit measured): 112 s on a 2-core
+machine at load average 1.3 to 1.8 (peak resident memory at 1e7 rows 1.9 and 2.3 GiB).
 ``--quick`` is a smoke test (1e4 and 1e5 rows, 100 + 100 draws, 35 s;
 ``results/group_rows_scaling_quick.json``). ``--models`` picks the models. The JSON is written after
 each run, so a run stopped part-way keeps what it measured.

@@ -149,7 +149,10 @@ class GroupEffectsMH(CompiledSweepParts, GroupMoves, SubsampleStepBase):
         the groups move less often per draw).
     error_tolerance : float, default 0.01
         The t-test's probability of a wrong decision in each sampled test, in [0, 0.5); 0
-        reads every row (exact Metropolis-within-Gibbs). Unused by the Barker test.
+        reads every row (exact Metropolis-within-Gibbs). The shared coefficients' test also
+        decides once its estimate is precise enough that the error this adds to the
+        acceptance probability is at most ``error_tolerance`` (averaged over ``u``), so a
+        draw never reads all N rows for them. Unused by the Barker test.
     correction_sd : float, default 1.0
         The Barker test's sigma (:class:`MinibatchBarkerMH`): a sampled decision is made
         once its estimate's variance is below ``correction_sd**2``. Unused by the t-test.
