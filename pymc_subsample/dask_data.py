@@ -84,9 +84,10 @@ def dask_data(name: str, values: Any, *, dims: Sequence[str] | str | None = None
     placeholder = np.ascontiguousarray(array[: min(n_rows, PLACEHOLDER_ROWS)].compute())
     data = pm.Data(name, placeholder, dims=dims)
     held = data.get_value(borrow=True)
-    if held.dtype != array.dtype:
-        # PyMC 5 keeps integer data as int32: the rows are cast the same way, chunk by chunk.
-        array = array.astype(held.dtype)
+    # The Dask array is kept in its own dtype: where the model holds another (PyMC casts
+    # float32 covariates to float64; PyMC 5 keeps integers as int32) the rows are cast where
+    # they are read (model/dask_rows.py), so that fetches send the stored bytes and a
+    # persisted array's chunks stay the tasks' inputs.
     data.tag.dask_rows = array
     # The object the model holds: a pm.set_data would replace it (dask_rows.py checks).
     data.tag.dask_placeholder = held

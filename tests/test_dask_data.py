@@ -32,12 +32,18 @@ da = pytest.importorskip("dask.array")
 N_ROWS, CHUNK = 20_000, 3_000
 
 
-def _regression(on_dask: bool, n_rows: int = N_ROWS, chunk: int = CHUNK) -> pm.Model:
+def _regression(
+    on_dask: bool, n_rows: int = N_ROWS, chunk: int = CHUNK, persisted: bool = False
+) -> pm.Model:
     X, y = linear_regression_data(n_rows, seed=4)
     with pm.Model() as model:
         if on_dask:
-            X_rows = pms.dask_data("X", da.from_array(X, chunks=(chunk, 3)))
-            y_rows = pms.dask_data("y", da.from_array(y, chunks=chunk + 500))
+            X_dask = da.from_array(X, chunks=(chunk, 3))
+            y_dask = da.from_array(y, chunks=chunk + 500)
+            if persisted:  # the chunks in a distributed cluster's memory
+                X_dask, y_dask = X_dask.persist(), y_dask.persist()
+            X_rows = pms.dask_data("X", X_dask)
+            y_rows = pms.dask_data("y", y_dask)
         else:
             X_rows, y_rows = pm.Data("X", X), pm.Data("y", y)
         beta = pm.Normal("beta", 0.0, 10.0, shape=3)
@@ -134,7 +140,7 @@ def test_a_local_cluster_runs_the_passes_and_gives_the_exact_posterior() -> None
         ) as cluster,
         distributed.Client(cluster) as client,
     ):
-        model = _regression(True)
+        model = _regression(True, persisted=True)
         q = np.array([0.9, -1.7, 0.4])
         expected = _oracles(_regression(False)).gradient_hessian_sums(q)
         for found, value in zip(_oracles(model).gradient_hessian_sums(q), expected, strict=True):
@@ -148,6 +154,51 @@ def test_a_local_cluster_runs_the_passes_and_gives_the_exact_posterior() -> None
         assert len(client.run(lambda: 1)) == 2
     draws = idata.posterior["beta"].values.reshape(-1, 3)
     assert np.all(np.abs(draws.mean(axis=0) - mean) < 0.3 * sd)
+
+
+def test_rows_held_by_workers_are_fetched_one_task_per_worker(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Persisted chunks: one task per worker and array takes the rows; cast here, exactly.
+
+    Float32 covariates and int8 labels on Dask, held by the model as float64 and an integer
+    type: the rows come back in the model's dtypes with the stored values. A fetch that
+    took any task per chunk fails (the per-chunk path is made to raise), as does a row
+    offset within a chunk off by one (tried: the values differ).
+    """
+    distributed = pytest.importorskip("distributed")
+    X, y = linear_regression_data(N_ROWS, seed=4)
+    X32, labels = X.astype("float32"), (y > 0).astype("int8")
+    with (
+        distributed.LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None
+        ) as cluster,
+        distributed.Client(cluster) as client,
+    ):
+        with pm.Model():
+            X_rows = pms.dask_data("X", da.from_array(X32, chunks=(CHUNK, 3)).persist())
+            y_rows = pms.dask_data("y", da.from_array(labels, chunks=CHUNK + 500).persist())
+        rows = dask_rows_module.dask_rows([X_rows, y_rows])
+        assert rows is not None
+        submitted: list[object] = []
+        submit = client.submit
+
+        def counted(*args: object, **kwargs: object) -> object:
+            submitted.append(kwargs.get("workers"))
+            return submit(*args, **kwargs)
+
+        def refused(*args: object) -> None:
+            raise AssertionError("fetched by chunk")
+
+        monkeypatch.setattr(client, "submit", counted)
+        monkeypatch.setattr(dask_rows_module, "_fetch_by_chunk", refused)
+        named = np.random.default_rng(5).choice(N_ROWS, 2_000, replace=False)
+        X_found, y_found = rows.gather(named)
+    assert len(submitted) <= 2 * 2 and all(workers for workers in submitted)
+    assert X_found.dtype == X_rows.get_value().dtype == np.float64
+    assert y_found.dtype == y_rows.get_value().dtype
+    np.testing.assert_array_equal(X_found, X32[named].astype(np.float64))
+    np.testing.assert_array_equal(y_found, labels[named])
 
 
 def test_a_zarr_array_is_read_through_dask(tmp_path) -> None:

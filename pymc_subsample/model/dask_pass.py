@@ -58,10 +58,13 @@ class ShippedFunction:
         self.function = state["function"]
         self._lock = threading.Lock()
 
-    def chunk_sums(self, leading: Sequence[np.ndarray], *chunks: np.ndarray) -> list[np.ndarray]:
+    def chunk_sums(
+        self, leading: Sequence[np.ndarray], dtypes: Sequence[np.dtype], *chunks: np.ndarray
+    ) -> list[np.ndarray]:
         """Sum the function's outputs over a chunk's rows, ``PASS_PIECE_ROWS`` at a time.
 
-        The last entry counts the calls (for outputs that add a constant at each call).
+        Each piece of rows is cast to its input's dtype (``dtypes``, the model's) first. The
+        last entry counts the calls (for outputs that add a constant at each call).
         """
         n_rows = chunks[0].shape[0]
         totals: list[np.ndarray] | None = None
@@ -69,7 +72,10 @@ class ShippedFunction:
         with self._lock:
             for begin in range(0, max(n_rows, 1), PASS_PIECE_ROWS):
                 calls += 1
-                piece = [aligned(chunk[begin : begin + PASS_PIECE_ROWS]) for chunk in chunks]
+                piece = [
+                    aligned(np.asarray(chunk[begin : begin + PASS_PIECE_ROWS], dtype=dtype))
+                    for chunk, dtype in zip(chunks, dtypes, strict=True)
+                ]
                 returned = self.function(*leading, *piece)
                 if not isinstance(returned, list | tuple):  # a function of one output
                     returned = [returned]
@@ -104,7 +110,10 @@ def aligned_chunks(arrays: Sequence[Any]) -> list[Any]:
 
 
 def summed_on_dask(
-    function: LazyFunction, leading: Sequence[np.ndarray], arrays: Sequence[Any]
+    function: LazyFunction,
+    leading: Sequence[np.ndarray],
+    arrays: Sequence[Any],
+    dtypes: Sequence[np.dtype],
 ) -> tuple[list[np.ndarray], int]:
     """Sum ``function(*leading, *rows)`` over every row of the Dask ``arrays``, on Dask.
 
@@ -116,6 +125,8 @@ def summed_on_dask(
         Its inputs before the rows (the point ``q``), the same for every chunk.
     arrays : sequence of dask.array.Array
         The row-aligned data.
+    dtypes : sequence of numpy.dtype
+        The function's row inputs' dtypes: each chunk's rows are cast to them in its task.
 
     Returns
     -------
@@ -133,7 +144,7 @@ def summed_on_dask(
     shipped = dask.delayed(ShippedFunction(function), name=f"pymc-subsample-function-{token}")
     leading_values = [np.asarray(value) for value in leading]
     parts = [
-        dask.delayed(_chunk_sums, pure=True)(shipped, leading_values, *chunks)
+        dask.delayed(_chunk_sums, pure=True)(shipped, leading_values, list(dtypes), *chunks)
         for chunks in zip(*blocks, strict=True)
     ]
     while len(parts) > 1:  # a tree of additions: only the total comes back
@@ -148,9 +159,12 @@ def summed_on_dask(
 
 
 def _chunk_sums(
-    shipped: ShippedFunction, leading: Sequence[np.ndarray], *chunks: np.ndarray
+    shipped: ShippedFunction,
+    leading: Sequence[np.ndarray],
+    dtypes: Sequence[np.dtype],
+    *chunks: np.ndarray,
 ) -> list[np.ndarray]:
-    return shipped.chunk_sums(leading, *[np.asarray(chunk) for chunk in chunks])
+    return shipped.chunk_sums(leading, dtypes, *[np.asarray(chunk) for chunk in chunks])
 
 
 def _added(first: list[np.ndarray], second: list[np.ndarray]) -> list[np.ndarray]:
