@@ -268,18 +268,14 @@ def _fetch_by_chunk(arrays: Sequence[Any], rows: np.ndarray) -> list[np.ndarray]
 def _fetch_by_worker(arrays: Sequence[Any], rows: np.ndarray) -> list[np.ndarray] | None:
     """Fetch ``rows`` with one task per worker and array, from the chunks the worker holds.
 
-    Applies where a ``distributed`` client is active and every chunk of every array is one
-    of its futures (a persisted array, its chunks in the workers' memory); returns None
-    otherwise. Each task runs on the worker that holds its chunks (another may run it if
-    that worker is lost, after the chunks moved), so no chunk crosses the network.
+    Applies where every chunk of every array is a ``distributed`` future (a persisted
+    array, its chunks in the workers' memory); returns None otherwise. Each task runs on the
+    worker that holds its chunks (another may run it if that worker is lost, after the
+    chunks moved), so no chunk crosses the network.
     """
     try:
-        from distributed import default_client, futures_of
+        from distributed import futures_of
     except ImportError:
-        return None
-    try:
-        client = default_client()
-    except ValueError:  # no client: Dask's local schedulers
         return None
     chunk_futures = []
     for array in arrays:
@@ -288,6 +284,7 @@ def _fetch_by_worker(arrays: Sequence[Any], rows: np.ndarray) -> list[np.ndarray
         if not by_key or any(key not in by_key for key in keys):
             return None
         chunk_futures.append([by_key[key] for key in keys])
+    client = chunk_futures[0][0].client  # the client that holds the chunks
     holders = client.who_has([future for futures in chunk_futures for future in futures])
     # (array, chunk positions, task): one task per worker and array.
     submitted: list[tuple[int, list[int], Any]] = []
