@@ -376,10 +376,16 @@ class _ProposalStream:
         return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
 
     def lookup(self, rows: np.ndarray) -> list[np.ndarray] | None:
-        """Return the data of ``rows`` if the kept blocks hold all of them, else None."""
+        """Return the data of ``rows`` if the kept blocks hold all of them, else None.
+
+        The block the draws read is searched first and is always searched: rows fetched on
+        demand are kept too, and once they had pushed it out of the kept blocks every draw's
+        rows were fetched on demand (on 1e8 rows from the 813th draw on, 56 ms a draw).
+        """
         found: list[tuple[_Block, np.ndarray, np.ndarray]] = []
         missing = np.ones(rows.size, dtype=bool)
-        for block in self._kept:
+        current = [] if self._current is None else [self._current]
+        for block in [*current, *(kept for kept in self._kept if kept is not self._current)]:
             where = np.searchsorted(block.sorted_rows, rows)
             np.minimum(where, block.sorted_rows.size - 1, out=where)
             hit = missing & (block.sorted_rows[where] == rows)
