@@ -44,6 +44,7 @@ __all__ = [
     "find_grouped_rows",
     "reads_a_group_index",
     "sink_gathers",
+    "split_column_gathers",
     "per_row_derivatives_graph",
     "table_derivatives_graph",
     "table_curvature_graph",
@@ -131,6 +132,7 @@ def find_grouped_rows(
     sink : bool, default True
         First move the parameters read beside a gather inside it (:func:`sink_gathers`).
     """
+    rows_logp = split_column_gathers(rows_logp, vector, row_inputs)
     if sink:
         rows_logp = sink_gathers(rows_logp, vector, row_inputs)
     found: dict[Variable, tuple[TensorVariable, TensorVariable]] = {
@@ -138,7 +140,7 @@ def find_grouped_rows(
             cast(TensorVariable, node.inputs[0]),
             cast(TensorVariable, node.inputs[1]),
         )
-        for node, is_gather, _ in _walk(rows_logp, vector, set(row_inputs))
+        for node, is_gather, _, _ in _walk(rows_logp, vector, set(row_inputs))
         if is_gather
     }
     if not found:
@@ -180,6 +182,70 @@ def find_grouped_rows(
     return GroupedRows(vector, rewritten, tuple(row_inputs), tuple(gathers), direct)
 
 
+def split_column_gathers(
+    rows_logp: TensorVariable, vector: TensorVariable, row_inputs: Sequence[TensorVariable]
+) -> TensorVariable:
+    """Read ``T[g, j]`` as ``T[g][:, j]``: a gather of whole cells, then a column of them.
+
+    A table of a group's several effects (varying intercepts and slopes as one ``(groups,
+    2)`` tensor, as an ``MvNormal`` with an LKJ prior gives them) is read per row as
+    ``ab[g, 0] + ab[g, 1] * x``: one advanced index of the group index and a fixed column.
+    Row i still reads only its group's cell ``ab[g_i]``, so the same rows are a gather of
+    whole cells followed by a basic index of the columns, which :func:`find_grouped_rows`
+    finds; both columns then read one gather (one ``T[g]`` per table and index). The
+    columns must be integer scalars that read neither ``vector`` nor the rows; the rows'
+    values are unchanged.
+    """
+    rows: set[Variable] = set(row_inputs)
+    gathered: dict[tuple[Variable, Variable], TensorVariable] = {}
+    replacements: dict[Variable, Variable] = {}
+    for node, _, of_rows, of_vector in _walk(rows_logp, vector, rows):
+        parts = _column_gather(node)
+        if parts is None:
+            continue
+        table, index, columns = parts
+        fixed = all(c not in of_rows and c not in of_vector for c in columns)
+        if not (fixed and table in of_vector and table not in of_rows and index in of_rows):
+            continue
+        if index in of_vector:
+            continue
+        cells = gathered.setdefault((table, index), cast(TensorVariable, table)[index])
+        replacements[node.outputs[0]] = cells[(slice(None), *columns)]
+    if not replacements:
+        return rows_logp
+    return cast(
+        TensorVariable, clone_replace(rows_logp, replace=replacements, rebuild_strict=False)
+    )
+
+
+def _column_gather(node: Any) -> tuple[Variable, Variable, tuple[Variable, ...]] | None:
+    """Return ``(T, g, (j, ...))`` where ``node`` is ``T[g, j, ...]``, else None.
+
+    ``g`` is an integer vector and each ``j`` an integer scalar (no slice among them).
+    """
+    op = getattr(node, "op", None)
+    if not isinstance(op, _GATHER_OPS) or len(node.inputs) < 3:
+        return None
+    idx_list = getattr(op, "idx_list", None)
+    entries = (
+        list(indices_from_subtensor(node.inputs[1:], idx_list))
+        if idx_list is not None
+        else list(node.inputs[1:])
+    )
+    variables = [entry for entry in entries if isinstance(entry, Variable)]
+    if len(variables) != len(entries):
+        return None  # a slice among the indices
+    index, *columns = variables
+
+    def integer(variable: Variable, ndim: int) -> bool:
+        kind = str(getattr(variable, "dtype", ""))
+        return getattr(variable, "ndim", None) == ndim and kind.startswith(("int", "uint"))
+
+    if not (integer(index, 1) and columns and all(integer(c, 0) for c in columns)):
+        return None
+    return node.inputs[0], index, tuple(columns)
+
+
 def sink_gathers(
     rows_logp: TensorVariable, vector: TensorVariable, row_inputs: Sequence[TensorVariable]
 ) -> TensorVariable:
@@ -218,17 +284,18 @@ def _gather_indices(
     rows_logp: TensorVariable, vector: TensorVariable, rows: set[Variable]
 ) -> set[Variable]:
     """Return the distinct group indices of the rows' gathers (one per grouping factor)."""
-    return {node.inputs[1] for node, is_gather, _ in _walk(rows_logp, vector, rows) if is_gather}
+    return {node.inputs[1] for node, is_gather, _, _ in _walk(rows_logp, vector, rows) if is_gather}
 
 
 def _walk(
     rows_logp: TensorVariable, vector: TensorVariable, rows: set[Variable]
-) -> Iterator[tuple[Any, bool, set[Variable]]]:
-    """Yield each node of the rows' graph in order, whether it is a gather, and what reads rows.
+) -> Iterator[tuple[Any, bool, set[Variable], set[Variable]]]:
+    """Yield each node of the rows' graph in order, whether it is a gather, what reads rows.
 
     A gather indexes the first axis of a tensor of ``vector`` alone by an integer vector of
     the rows alone (``effect[group_index]``). With each node come the variables computed so
-    far from the rows (its outputs are added after it is yielded).
+    far from the rows and those computed from ``vector`` (its outputs are added after it is
+    yielded).
     """
     of_vector: set[Variable] = {vector}
     of_rows: set[Variable] = set(rows)
@@ -241,7 +308,7 @@ def _walk(
             and inputs[1] in of_rows
             and inputs[1] not in of_vector
         )
-        yield node, is_gather, of_rows
+        yield node, is_gather, of_rows, of_vector
         if is_gather or any(inp in of_rows for inp in inputs):
             of_rows.update(node.outputs)
         if not is_gather and any(inp in of_vector for inp in inputs):
@@ -257,7 +324,7 @@ def _first_sinkable(
 ) -> tuple[Variable, Variable] | None:
     """Return the first operation :func:`sink_gathers` can move inside a gather, and its sink."""
     gathers: dict[Variable, tuple[Variable, Variable]] = {}
-    for node, is_gather, of_rows in _walk(rows_logp, vector, rows):
+    for node, is_gather, of_rows, _ in _walk(rows_logp, vector, rows):
         if is_gather:
             gathers[node.outputs[0]] = (node.inputs[0], node.inputs[1])
         elif isinstance(node.op, Elemwise) and len(node.outputs) == 1:
@@ -317,6 +384,13 @@ def reads_a_group_index(outputs: Sequence[Variable], values: Sequence[Variable])
         inputs = node.inputs
         if _is_first_axis_gather(node) and inputs[0] in of_values and inputs[1] not in of_values:
             return True
+        column = _column_gather(node)
+        if (
+            column is not None
+            and column[0] in of_values
+            and not any(part in of_values for part in (column[1], *column[2]))
+        ):
+            return True  # T[g, j], split_column_gathers's form
         if any(inp in of_values for inp in inputs):
             of_values.update(node.outputs)
     return False
