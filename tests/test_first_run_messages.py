@@ -62,9 +62,18 @@ def test_quickstart_model_prints_no_warning(tmp_path: Path) -> None:
         f"compiledir={pytensor.config.compiledir}",
         "NUMBA_CACHE_DIR": str(tmp_path / "numba"),
     }
-    env.pop("PYTHONWARNINGS", None)
+    result = _run_fresh(SCRIPT, env)
+    assert "draw path: fused" in result.stdout, result.stdout  # the quickstart's path
+    assert (tmp_path / "pytensor" / "numba").is_dir()  # PyTensor's Numba cache was the new one
+    warning_lines = [line for line in result.stderr.splitlines() if WARNING_LINE.search(line)]
+    assert warning_lines == [], result.stderr
+
+
+def _run_fresh(script: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """Run ``script`` in a fresh Python with ``-W default`` (``PYTHONWARNINGS`` unset)."""
+    env = {key: value for key, value in env.items() if key != "PYTHONWARNINGS"}
     result = subprocess.run(
-        [sys.executable, "-W", "default", "-c", SCRIPT],
+        [sys.executable, "-W", "default", "-c", script],
         capture_output=True,
         text=True,
         env=env,
@@ -72,10 +81,7 @@ def test_quickstart_model_prints_no_warning(tmp_path: Path) -> None:
         check=False,
     )
     assert result.returncode == 0, result.stderr
-    assert "draw path: fused" in result.stdout, result.stdout  # the quickstart's path
-    assert (tmp_path / "pytensor" / "numba").is_dir()  # PyTensor's Numba cache was the new one
-    warning_lines = [line for line in result.stderr.splitlines() if WARNING_LINE.search(line)]
-    assert warning_lines == [], result.stderr
+    return result
 
 
 HIERARCHY_SCRIPT = textwrap.dedent(
@@ -115,17 +121,7 @@ def test_a_negative_binomial_hierarchy_builds_without_a_warning() -> None:
     # constraint while the rows' graph was simplified (outside the package's compiles). The
     # step now reads the flags first, quietly. Without that read (tried) stderr has the
     # notice. Caches as found: the notice does not depend on them.
-    env = {**os.environ, "COLUMNS": "80"}
-    env.pop("PYTHONWARNINGS", None)
-    result = subprocess.run(
-        [sys.executable, "-W", "default", "-c", HIERARCHY_SCRIPT],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=600,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr
+    result = _run_fresh(HIERARCHY_SCRIPT, {**os.environ, "COLUMNS": "80"})
     assert "step: GroupEffectsMH" in result.stdout, result.stdout
     warning_lines = [line for line in result.stderr.splitlines() if WARNING_LINE.search(line)]
     assert warning_lines == [], result.stderr

@@ -110,16 +110,13 @@ class DaskRows:
         The row-aligned arrays, in the order of the rows' functions' inputs.
     names : tuple of str
         Their names, for messages.
-    dtypes : tuple of numpy.dtype, optional
+    dtypes : tuple of numpy.dtype
         The dtypes the model holds them in (its placeholders'): rows are cast to them where
-        they are read, after a fetch or inside a pass's task. By default the arrays' own.
+        they are read, after a fetch or inside a pass's task.
     """
 
     def __init__(
-        self,
-        arrays: tuple[Any, ...],
-        names: tuple[str, ...],
-        dtypes: tuple[np.dtype, ...] | None = None,
+        self, arrays: tuple[Any, ...], names: tuple[str, ...], dtypes: tuple[np.dtype, ...]
     ) -> None:
         lengths = {name: array.shape[0] for name, array in zip(names, arrays, strict=True)}
         if len(set(lengths.values())) != 1:
@@ -130,7 +127,7 @@ class DaskRows:
         # Each chunk holds whole rows (one chunk along every other axis), once for all reads.
         self.arrays = tuple(whole_rows(array) for array in arrays)
         self.names = names
-        self.dtypes = dtypes or tuple(np.dtype(array.dtype) for array in arrays)
+        self.dtypes = dtypes
         self.n_rows = int(next(iter(lengths.values())))
         #: The process that read the arrays: the one whose Dask scheduler (a distributed
         #: client's connection, a thread pool) computes them.
@@ -207,7 +204,7 @@ class DaskRows:
 
 
 def fetch_rows(
-    arrays: Sequence[Any], rows: np.ndarray, dtypes: Sequence[np.dtype] | None = None
+    arrays: Sequence[Any], rows: np.ndarray, dtypes: Sequence[np.dtype]
 ) -> list[np.ndarray]:
     """Compute the sorted, distinct ``rows`` of each Dask array, cast here to ``dtypes``.
 
@@ -221,7 +218,6 @@ def fetch_rows(
     115 chunks on two workers, a fetch of 2^17 rows took 0.8-1.1 s by chunk and 0.17-0.34 s
     by worker.
     """
-    dtypes = dtypes or [np.dtype(array.dtype) for array in arrays]
     fetched = _fetch_by_worker(arrays, rows)
     if fetched is None:
         fetched = _fetch_by_chunk(arrays, rows)

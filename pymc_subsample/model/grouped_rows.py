@@ -205,9 +205,9 @@ def split_column_gathers(
             continue
         table, index, columns = parts
         fixed = all(c not in of_rows and c not in of_vector for c in columns)
-        if not (fixed and table in of_vector and table not in of_rows and index in of_rows):
-            continue
-        if index in of_vector:
+        of_vector_alone = table in of_vector and table not in of_rows
+        of_rows_alone = index in of_rows and index not in of_vector
+        if not (fixed and of_vector_alone and of_rows_alone):
             continue
         cells = gathered.setdefault((table, index), cast(TensorVariable, table)[index])
         replacements[node.outputs[0]] = cells[(slice(None), *columns)]
@@ -236,14 +236,15 @@ def _column_gather(node: Any) -> tuple[Variable, Variable, tuple[Variable, ...]]
     if len(variables) != len(entries):
         return None  # a slice among the indices
     index, *columns = variables
-
-    def integer(variable: Variable, ndim: int) -> bool:
-        kind = str(getattr(variable, "dtype", ""))
-        return getattr(variable, "ndim", None) == ndim and kind.startswith(("int", "uint"))
-
-    if not (integer(index, 1) and columns and all(integer(c, 0) for c in columns)):
+    if not (_is_integer(index, 1) and columns and all(_is_integer(c, 0) for c in columns)):
         return None
     return node.inputs[0], index, tuple(columns)
+
+
+def _is_integer(variable: Any, ndim: int) -> bool:
+    """Whether ``variable`` is an integer tensor of ``ndim`` dimensions."""
+    kind = str(getattr(variable, "dtype", ""))
+    return getattr(variable, "ndim", None) == ndim and kind.startswith(("int", "uint"))
 
 
 def sink_gathers(
@@ -403,12 +404,7 @@ def _is_first_axis_gather(node: object) -> bool:
         return False
     if getattr(op, "idx_list", (0,)) not in ((0,), None):
         return False
-    index = inputs[1]
-    return bool(
-        getattr(index, "ndim", None) == 1
-        and str(index.dtype).startswith(("int", "uint"))
-        and inputs[0].ndim >= 1
-    )
+    return _is_integer(inputs[1], 1) and inputs[0].ndim >= 1
 
 
 def _directly_read_coordinates(rows_logp: TensorVariable, vector: TensorVariable) -> np.ndarray:
