@@ -48,16 +48,26 @@ __all__ = ["GroupEffectsMH", "NotGroupEffects"]
 
 #: Default epsilon of each group's t-test (Korattikara et al. 2014, Algorithm 1).
 DEFAULT_ERROR_TOLERANCE = 0.01
-#: Default rows per sampled group; groups of at most this many rows are read whole. On the
-#: benchmark hierarchies (``benchmarks/hierarchical_groups.py``) 25 rows gave 1.16x (centred
-#: Poisson), 1.32x (non-centred logistic) and 1.03x (crossed) the min-ESS per second of 50
-#: under the t-test.
-DEFAULT_BATCH_SIZE = 25
+#: Default rows per sampled group at a test's first stage, by test; groups of at most this
+#: many rows are read whole. The t-test decides at a threshold, from the tails of its
+#: estimate's t distribution (``|t|`` near 2.3 at epsilon 0.01), which needs rows enough for a
+#: CLT: on the benchmark hierarchies (``benchmarks/hierarchical_groups.py``) 25 rows gave
+#: 1.16x (centred Poisson), 1.32x (non-centred logistic) and 1.03x (crossed) the min-ESS per
+#: second of 50. The Barker test reads only its estimate's variance: it adds noise of sd
+#: ``sigma = 1`` and more, so a non-Gaussian error of variance ``s^2`` moves its acceptance
+#: probability by at most ``max|h''| |s^2 - s_hat^2| / 2 + O(s^3)`` (``h`` the smoothed
+#: logistic CDF it applies, ``|h''| <= 0.1``; ``docs/architecture.md``, "Group effects"),
+#: about 1e-5 at the ``s`` of 0.01-0.02 the control variate gives a group's estimate. Eight
+#: rows measure ``s`` well enough: 1.9x the min-ESS per second of 25 on the centred Poisson
+#: model, with three sweeps.
+DEFAULT_BATCH_SIZE = {T_TEST: 25, BARKER: 8}
 #: Default sweeps per draw by test: Barker's acceptance ``1 / (1 + e^-Delta)`` is about half of
-#: Metropolis-Hastings' on the groups' near-independence proposals, so the group effects move
-#: half as often per sweep; a second sweep gave 1.4x the min-ESS per second on the centred
-#: Poisson benchmark model and 0.9x on the non-centred and crossed ones.
-DEFAULT_SWEEPS = {T_TEST: 1, BARKER: 2}
+#: Metropolis-Hastings' on the groups' near-independence proposals (its lag-one
+#: autocorrelation about 1/2 per sweep, ``1/8`` after three), so the group effects move half
+#: as often per sweep. With eight rows a group, three sweeps gave 1.2x the min-ESS per second
+#: of two on the centred Poisson benchmark model; a fourth gave no more (the hyperparameters
+#: then mix slowest).
+DEFAULT_SWEEPS = {T_TEST: 1, BARKER: 3}
 #: Tuning draws after which the expansion moves to the chain's current point (each an O(N)
 #: pass): the start is often far from the posterior, and the proposal's quadratic model and
 #: the residuals' spread are best where the chain is.
@@ -156,9 +166,11 @@ class GroupEffectsMH(CompiledSweepParts, GroupMoves, SubsampleStepBase):
     correction_sd : float, default 1.0
         The Barker test's sigma (:class:`MinibatchBarkerMH`): a sampled decision is made
         once its estimate's variance is below ``correction_sd**2``. Unused by the t-test.
-    batch_size : int, default 25
+    batch_size : int, optional
         Rows read per group whose test is sampled at its first stage (each stage after reads
         twice as many); groups of at most this many rows are decided exactly on all of them.
+        By default 25 with the t-test, which needs them for the t distribution of its
+        estimate, and 8 with the Barker test, which reads only the estimate's variance.
     obs_dim : str, optional
         Name of the row dimension when it cannot be inferred (see ``docs/guide.md``).
     model : pymc.Model, optional
@@ -175,13 +187,11 @@ class GroupEffectsMH(CompiledSweepParts, GroupMoves, SubsampleStepBase):
         ``draw_path`` says ``"fused"``, or ``"python: "`` and why.
     sweeps : int, optional
         Sweeps of every grouping factor per draw, each proposing and testing every group
-        once: by default 1 with the t-test and 2 with the Barker test. Barker's test accepts
+        once: by default 1 with the t-test and 3 with the Barker test. Barker's test accepts
         a proposal at ``1 / (1 + e^-Delta)``, about half of what Metropolis-Hastings accepts
         of the groups' Newton proposals (0.48 against 0.9), so one sweep moves the group
-        effects half as often. On the benchmark hierarchies a second Barker sweep gave 1.4x
-        the min-ESS per second where the group effects mix slowest (a centred hierarchy of
-        well-identified groups) and 0.9x where the hyperparameters or shared coefficients
-        do (the non-centred and crossed models).
+        effects half as often; with its first stage of 8 rows a sweep costs a third of the
+        t-test's.
 
     Raises
     ------
@@ -247,7 +257,7 @@ class GroupEffectsMH(CompiledSweepParts, GroupMoves, SubsampleStepBase):
         test: str = T_TEST,
         error_tolerance: float = DEFAULT_ERROR_TOLERANCE,
         correction_sd: float = 1.0,
-        batch_size: int = DEFAULT_BATCH_SIZE,
+        batch_size: int | None = None,
         obs_dim: str | None = None,
         model: pm.Model | None = None,
         rng: RandomGenerator = None,
@@ -265,7 +275,9 @@ class GroupEffectsMH(CompiledSweepParts, GroupMoves, SubsampleStepBase):
             self.error_tolerance,
             BarkerTest(correction_sd=correction_sd).correction if kind == BARKER else None,
         )
-        batch_size = check_int("batch_size", batch_size, minimum=2)
+        batch_size = check_int(
+            "batch_size", DEFAULT_BATCH_SIZE[kind] if batch_size is None else batch_size, minimum=2
+        )
         #: Sweeps of every factor per draw (``sweeps``).
         self.sweeps = check_int(
             "sweeps", DEFAULT_SWEEPS[kind] if sweeps is None else sweeps, minimum=1
