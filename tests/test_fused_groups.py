@@ -165,8 +165,9 @@ class _ScriptedNoise:
 
 
 @pytest.mark.parametrize("model", ["poisson_exact", "normal_sampled", "three_effects"])
-def test_the_fused_sweep_is_the_python_sweep(model):
-    """Also with three effects per group, where the sweep diagonalises by LAPACK."""
+def test_the_fused_sweeps_are_the_python_sweeps(model):
+    """Two sweeps in one compiled call against two Python sweeps, the second from the first's
+    point; also with three effects per group, where the sweep diagonalises by LAPACK."""
     steps = {"poisson_exact": lambda: _poisson_step(0.0), "three_effects": _three_effects_step}
     step = steps.get(model, _normal_step)()
     assert step.factors[0].size == (3 if model == "three_effects" else 1)
@@ -178,34 +179,38 @@ def test_the_fused_sweep_is_the_python_sweep(model):
     for seed in range(6):
         rng = np.random.default_rng(seed)
         q = step.expansion.reference_q + 0.1 * rng.standard_normal(q0.size)
-        normals = rng.standard_normal(coordinates.shape)
-        scales = np.sqrt(7.0 / rng.chisquare(7.0, coordinates.shape[0]))
+        normals = rng.standard_normal((2, *coordinates.shape))
+        scales = np.sqrt(7.0 / rng.chisquare(7.0, (2, coordinates.shape[0])))
         # log u raised by up to 2: about half the decisions are rejections, both compared.
-        log_u = np.log(rng.uniform(size=scales.size)) + rng.uniform(0.0, 2.0, scales.size)
+        log_u = np.log(rng.uniform(size=scales.shape)) + rng.uniform(0.0, 2.0, scales.shape)
         quadratic = step.expansion.shifted(0, q)
+        python, totals = q, np.zeros(4, dtype=np.int64)
+        for sweep in range(2):
 
-        def terms(old, new, rows, groups, residual, q=q):
-            return step._row_terms(0, q, q, old, new, rows, residual)
+            def terms(old, new, rows, groups, residual, q=python):
+                return step._row_terms(0, q, q, old, new, rows, residual)
 
-        python, python_info = group_effects_sweep(
-            _ScriptedNoise(rng, normals, scales, log_u),
-            q,
-            coordinates,
-            partial(step.expansion.parts, 0),
-            quadratic,
-            layout,
-            terms,
-            step.batch_size,
-            step.test,
-        )
+            start = python
+            python, python_info = group_effects_sweep(
+                _ScriptedNoise(rng, normals[sweep], scales[sweep], log_u[sweep]),
+                python,
+                coordinates,
+                partial(step.expansion.parts, 0),
+                quadratic,
+                layout,
+                terms,
+                step.batch_size,
+                step.test,
+            )
+            totals += np.asarray(python_info)
+            moved = python[coordinates[:, 0]] != start[coordinates[:, 0]]
+            accepted += int(moved.sum())
+            rejected += int((~moved).sum())
         compiled, compiled_info = fused.sweep(
-            0, layout, step.batch_size, q, quadratic, noise=(normals, scales, log_u)
+            0, layout, step.batch_size, q, quadratic, noise=(normals, scales, log_u), sweeps=2
         )
         np.testing.assert_allclose(compiled, python, rtol=1e-10, atol=1e-12)
-        assert compiled_info == python_info
-        moved = python[coordinates[:, 0]] != q[coordinates[:, 0]]
-        accepted += int(moved.sum())
-        rejected += int((~moved).sum())
+        assert tuple(compiled_info) == tuple(totals)
     assert accepted > 10 and rejected > 10
 
 

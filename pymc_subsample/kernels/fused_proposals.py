@@ -9,8 +9,8 @@ the same in one Numba call with these functions and ``kernels/group_newton.py``;
 arithmetic is the NumPy path's, expression for expression, so that given the same noise both
 reach the same proposal and the same ratios (``tests/test_fused_groups.py``).
 
-The noise is drawn by :func:`sweep_noise` from Numba's generator, seeded per chain
-(``kernels/fused.seed_generator``), and passed in, so that a test can pass its own.
+The noise is drawn by :func:`fill_sweep_noise` from Numba's generator, seeded per chain
+(``kernels/fused.seed_generator``), inside the compiled sweeps, or passed in by a test.
 """
 
 # Numba compiles NumPy's legacy np.random functions to its own per-thread generator.
@@ -27,9 +27,9 @@ from pymc_subsample.kernels.group_newton import PROPOSAL_DF, proposal_log_densit
 
 __all__ = [
     "effects_of",
+    "fill_sweep_noise",
     "newton_proposal",
     "proposal_terms",
-    "sweep_noise",
     "with_effects",
 ]
 
@@ -38,23 +38,21 @@ _jit = numba.njit(cache=True, error_model="numpy")
 
 
 @_jit
-def sweep_noise(n_groups: int, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Draw a sweep's noise: ``(G, k)`` standard normals, ``(G,)`` chi-square scales, log u.
+def fill_sweep_noise(normals: np.ndarray, scales: np.ndarray, log_u: np.ndarray) -> None:
+    """Draw the noise of ``S`` sweeps in place: ``(S, G, k)`` normals, ``(S, G)`` scales, log u.
 
     The scale of group g is ``sqrt(nu / chi2_nu)`` (a Student-t draw is a Gaussian one times
     it, :data:`~pymc_subsample.kernels.group_newton.PROPOSAL_DF` degrees of freedom); ``log u``
     is the t-test's uniform on the log scale.
     """
-    normals = np.empty((n_groups, k))
-    scales = np.empty(n_groups)
-    log_u = np.empty(n_groups)
-    for g in range(n_groups):
-        for i in range(k):
-            normals[g, i] = np.random.standard_normal()
-        scales[g] = math.sqrt(PROPOSAL_DF / np.random.chisquare(PROPOSAL_DF))
-    for g in range(n_groups):
-        log_u[g] = math.log(np.random.random())
-    return normals, scales, log_u
+    n_sweeps, n_groups, k = normals.shape
+    for s in range(n_sweeps):
+        for g in range(n_groups):
+            for i in range(k):
+                normals[s, g, i] = np.random.standard_normal()
+            scales[s, g] = math.sqrt(PROPOSAL_DF / np.random.chisquare(PROPOSAL_DF))
+        for g in range(n_groups):
+            log_u[s, g] = math.log(np.random.random())
 
 
 @_jit

@@ -76,7 +76,7 @@ KERNEL_SIGNATURES: dict[str, dict[str, tuple[tuple[Any, ...], ...]]] = {
         "finish_groups": ((_F1, _F1, _F1, _B1, _I, _B1, _I1),),
     },
     "fused_proposals": {
-        "sweep_noise": ((_I, _I),),
+        "fill_sweep_noise": ((_F3, _F2, _F2),),
         "effects_of": ((_F1, _I2),),
         "newton_proposal": ((_F2, _F3, _F2, _F2, _F1),),
         "proposal_terms": (

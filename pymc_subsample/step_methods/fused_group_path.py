@@ -56,7 +56,7 @@ _NEWTON_KERNELS = (
     "small_symmetric_eigen",
 )
 #: Bump when a generated driver's source changes (the key of its disk cache includes it).
-DRIVER_VERSION = 3
+DRIVER_VERSION = 4
 
 
 def fused_group_obstacle(oracles: ModelOracles) -> str | None:
@@ -142,17 +142,26 @@ class FusedGroupSweep:
         q: np.ndarray,
         quadratic: GroupQuadratic,
         noise: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
+        sweeps: int = 1,
     ) -> tuple[np.ndarray, GroupSweepInfo]:
-        """Sweep factor ``f`` once from ``q``: ``kernels/group_effects.group_effects_sweep``.
+        """Sweep factor ``f`` ``sweeps`` times from ``q`` in one call (``group_effects_sweep``).
 
         ``rows`` are the factor's rows by group, ``batch_size`` the rows of a first stage and
-        ``quadratic`` its expansion at ``q``. ``noise`` is the sweep's normals, scales and
-        ``log u`` (:func:`~.fused_proposals.sweep_noise`, drawn from Numba's generator where
-        not given).
+        ``quadratic`` its expansion, which holds for every sweep: it reads the other factors
+        and the shared coefficients, which these sweeps leave as they are. ``noise`` is each
+        sweep's normals, scales and ``log u``, ``(sweeps, G, k)``, ``(sweeps, G)`` and
+        ``(sweeps, G)`` (:func:`~.fused_proposals.fill_sweep_noise`, drawn from Numba's
+        generator inside the call where not given). The counts are summed over the sweeps.
         """
         coordinates = self._coordinates[f]
+        draw_noise = noise is None
         if noise is None:
-            noise = fused_proposals.sweep_noise(*coordinates.shape)
+            n_groups, k = coordinates.shape
+            noise = (
+                np.empty((sweeps, n_groups, k)),
+                np.empty((sweeps, n_groups)),
+                np.empty((sweeps, n_groups)),
+            )
         counts = np.zeros(len(fused_groups.COUNT_FIELDS) + 1, dtype=np.int64)
         contiguous = np.ascontiguousarray
         result = self._sweeps[f](
@@ -161,7 +170,8 @@ class FusedGroupSweep:
             contiguous(quadratic.reference_cells, dtype=np.float64),
             contiguous(quadratic.gradient, dtype=np.float64),
             contiguous(quadratic.hessian, dtype=np.float64),
-            *noise,
+            *(contiguous(values, dtype=np.float64) for values in noise),
+            draw_noise,
             *self._test_arguments(rows, batch_size),
             counts,
             *self._expansion.reference_tables,
@@ -332,39 +342,47 @@ def group_decisions(
 _SWEEP_TEMPLATE = """
 def group_sweep(
     q, coordinates, reference_cells, cell_gradient, cell_hessian, normals, scales, log_u,
-    reference_q, order, starts, sizes, whole, batch_size, exact_only, test, critical,
-    correction_support, correction_cumulative, correction_sd,
+    draw_noise, reference_q, order, starts, sizes, whole, batch_size, exact_only, test,
+    critical, correction_support, correction_cumulative, correction_sd,
     counts{reference}{data}{parts_shared}{change_shared}{residual_shared}
 ):
-    old = parts(q{parts_shared})
-    x = effects_of(q, coordinates)
-    gradient, hessian = cell_model_derivatives(
-        old[1], old[2], old[3], old[4], reference_cells, cell_gradient, cell_hessian
-    )
-    precision, finite = newton_precision(gradient, hessian)
-    values, vectors = {eigen}(precision)
-    forward = (newton_mean(x, gradient, finite, values, vectors), vectors, values)
-    x_new = newton_proposal(forward[0], forward[1], forward[2], normals, scales)
-    every_group = np.ones(x.shape[0], dtype=np.bool_)
-    new = parts(with_effects(q, coordinates, x_new, every_group){parts_shared})
-    gradient, hessian = cell_model_derivatives(
-        new[1], new[2], new[3], new[4], reference_cells, cell_gradient, cell_hessian
-    )
-    precision, finite = newton_precision(gradient, hessian)
-    values, vectors = {eigen}(precision)
-    backward = (newton_mean(x_new, gradient, finite, values, vectors), vectors, values)
-    rest, known = proposal_terms(
-        x, x_new, old[0], new[0], forward, backward, reference_cells, cell_gradient,
-        cell_hessian, old[3], new[3],
-    )
-    accept = np.zeros(rest.size, dtype=np.bool_)
-    decisions(
-        q, reference_q, order, starts, sizes, whole, rest, known, log_u, batch_size, exact_only,
-        test, critical, correction_support, correction_cumulative, correction_sd, accept,
-        counts{old_tables}{new_tables}{reference}{data}{change_shared}{residual_shared}
-    )
-    counts[3] = accept.sum()
-    return with_effects(q, coordinates, x_new, accept)
+    if draw_noise:
+        fill_sweep_noise(normals, scales, log_u)
+    every_group = np.ones(coordinates.shape[0], dtype=np.bool_)
+    sweep_counts = np.zeros(counts.size, dtype=np.int64)
+    for s in range(normals.shape[0]):
+        old = parts(q{parts_shared})
+        x = effects_of(q, coordinates)
+        gradient, hessian = cell_model_derivatives(
+            old[1], old[2], old[3], old[4], reference_cells, cell_gradient, cell_hessian
+        )
+        precision, finite = newton_precision(gradient, hessian)
+        values, vectors = {eigen}(precision)
+        forward = (newton_mean(x, gradient, finite, values, vectors), vectors, values)
+        x_new = newton_proposal(forward[0], forward[1], forward[2], normals[s], scales[s])
+        new = parts(with_effects(q, coordinates, x_new, every_group){parts_shared})
+        gradient, hessian = cell_model_derivatives(
+            new[1], new[2], new[3], new[4], reference_cells, cell_gradient, cell_hessian
+        )
+        precision, finite = newton_precision(gradient, hessian)
+        values, vectors = {eigen}(precision)
+        backward = (newton_mean(x_new, gradient, finite, values, vectors), vectors, values)
+        rest, known = proposal_terms(
+            x, x_new, old[0], new[0], forward, backward, reference_cells, cell_gradient,
+            cell_hessian, old[3], new[3],
+        )
+        accept = np.zeros(rest.size, dtype=np.bool_)
+        decisions(
+            q, reference_q, order, starts, sizes, whole, rest, known, log_u[s], batch_size,
+            exact_only, test, critical, correction_support, correction_cumulative,
+            correction_sd, accept,
+            sweep_counts{old_tables}{new_tables}{reference}{data}{change_shared}{residual_shared}
+        )
+        for field in range(3):
+            counts[field] += sweep_counts[field]
+        counts[3] += accept.sum()
+        q = with_effects(q, coordinates, x_new, accept)
+    return q
 """
 
 

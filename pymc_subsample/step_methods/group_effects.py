@@ -458,15 +458,19 @@ class GroupEffectsMH(CompiledSweepParts, GroupMoves, SubsampleStepBase):
         self._draws += 1
         totals = dict.fromkeys(GroupSweepInfo._fields, 0)
         fused = self._fused_sweep()
+        factors = list(enumerate(zip(self.factors, self.layouts, strict=True)))
+        # One factor's sweeps leave its expansion as it is (it reads the other factors), so
+        # the compiled path makes them in one call; several factors take turns sweep by sweep.
+        repeats = self.sweeps if fused is not None and len(factors) == 1 else 1
         sweeps = [
             (f, factor, layout)
-            for _ in range(self.sweeps)
-            for f, (factor, layout) in enumerate(zip(self.factors, self.layouts, strict=True))
+            for _ in range(self.sweeps // repeats)
+            for f, (factor, layout) in factors
         ]
         for f, factor, layout in sweeps:
             quadratic = self.expansion.shifted(f, q)
             if fused is not None:
-                q, info = fused.sweep(f, layout, self.batch_size, q, quadratic)
+                q, info = fused.sweep(f, layout, self.batch_size, q, quadratic, sweeps=repeats)
             else:
 
                 def terms(
