@@ -23,7 +23,6 @@ __all__ = [
     "SubsampleWarning",
     "divert_to_outbox",
     "missing_blas_notice_silenced",
-    "read_blas_flags_quietly",
     "numba_fallbacks_silenced",
     "take_outbox",
     "user_frame",
@@ -172,22 +171,6 @@ def missing_blas_notice_silenced() -> Iterator[None]:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=MISSING_BLAS_MESSAGE, category=UserWarning)
         yield
-
-
-def read_blas_flags_quietly() -> None:
-    """Let PyTensor look for a BLAS to link to now, its notice ignored (once per process).
-
-    PyTensor looks the first time anything reads ``config.blas__ldflags`` and keeps the
-    answer. In a step's set-up that first read can come from a graph rewrite outside the
-    package's compiles (on a negative binomial hierarchy, a sparse rewrite's constraint read
-    it while the rows' graph was simplified), which printed the notice; a step reads the
-    flags here before it builds anything. The notice is about PyTensor's C backend, which
-    the package's compiled functions do not need (:func:`missing_blas_notice_silenced`).
-    """
-    import pytensor
-
-    with missing_blas_notice_silenced():
-        pytensor.config.blas__ldflags  # noqa: B018 - read for its side effect
 
 
 def _import_numba_backend() -> None:

@@ -118,9 +118,9 @@ HIERARCHY_SCRIPT = textwrap.dedent(
 def test_a_negative_binomial_hierarchy_builds_without_a_warning() -> None:
     # PyTensor looks for a BLAS the first time anything reads its flags, and prints a notice
     # on a pip install; in this model's set-up the first read was a sparse rewrite's
-    # constraint while the rows' graph was simplified (outside the package's compiles). The
-    # step now reads the flags first, quietly. Without that read (tried) stderr has the
-    # notice. Caches as found: the notice does not depend on them.
+    # constraint while the rows' graph was simplified (outside the package's compiles). That
+    # rewrite now runs with the notice silenced, as the compiles do; without it (tried,
+    # PyMC 6) stderr has the notice. Caches as found: the notice does not depend on them.
     result = _run_fresh(HIERARCHY_SCRIPT, {**os.environ, "COLUMNS": "80"})
     assert "step: GroupEffectsMH" in result.stdout, result.stdout
     warning_lines = [line for line in result.stderr.splitlines() if WARNING_LINE.search(line)]

@@ -141,3 +141,33 @@ def test_no_helper_on_one_core_or_for_modules_already_asked_for(monkeypatch):
     warm_up.start_kernel_warm_up(["fused"])  # asked for once already
     warm_up.start_kernel_warm_up(["fused", "group_newton"])
     assert started == [["group_newton"]]
+
+
+_START_AND_EXIT = """
+import json
+from pymc_subsample.kernels import warm_up
+warm_up.start_kernel_warm_up(["fused", "fused_groups", "group_newton"])
+print(json.dumps({"pid": warm_up._helpers[0].pid}))
+"""
+
+
+def test_a_process_that_ends_at_once_stops_its_helper_and_says_nothing(tmp_path):
+    # A script that builds a step and ends leaves the helper compiling; at exit the helper
+    # is stopped and reaped. Without that, ``-W default`` showed "ResourceWarning:
+    # subprocess ... is still running" and the helper outlived the script.
+    env = dict(os.environ)
+    env["NUMBA_CACHE_DIR"] = str(tmp_path / "numba")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPOSITORY), env.get("PYTHONPATH")]))
+    env.pop("PYTHONWARNINGS", None)
+    done = subprocess.run(
+        [sys.executable, "-W", "default", "-c", _START_AND_EXIT],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "ResourceWarning" not in done.stderr, done.stderr
+    pid = json.loads(done.stdout.strip().splitlines()[-1])["pid"]
+    with pytest.raises(ProcessLookupError):  # reaped: no such process, not even a zombie
+        os.kill(pid, 0)

@@ -21,6 +21,7 @@ enabled, and at least two cores for this process.
 
 from __future__ import annotations
 
+import atexit
 import importlib
 import importlib.machinery
 import importlib.util
@@ -165,7 +166,23 @@ def start_kernel_warm_up(modules: Sequence[str]) -> None:
         )
     except OSError:
         return
+    if not _helpers:
+        atexit.register(_stop_helpers)
     _helpers.append(helper)
+
+
+def _stop_helpers() -> None:
+    """Stop the helpers still compiling, at exit, and reap them.
+
+    A script that builds a step and ends does not wait for them, and leaves no process
+    behind. Numba writes each cache file whole, under a temporary name first, so a stopped
+    helper leaves none half written.
+    """
+    while _helpers:
+        helper = _helpers.pop()
+        if helper.poll() is None:
+            helper.kill()
+        helper.wait()
 
 
 def wait_for_kernel_warm_up(timeout: float = WAIT_SECONDS) -> None:

@@ -37,6 +37,7 @@ from pytensor.tensor.subtensor import AdvancedSubtensor, Subtensor, indices_from
 from pytensor.tensor.variable import TensorVariable
 
 from pymc_subsample.model.gradients import _pushforward
+from pymc_subsample.warnings import missing_blas_notice_silenced
 
 __all__ = [
     "Gather",
@@ -174,10 +175,13 @@ def find_grouped_rows(
     # derivatives of the raw graph are NaN where a logistic row saturates (|x| > 37), with
     # any construction of PyTensor's Hessian. "specialize" holds PyTensor 2's pattern for
     # log1p(-sigmoid(x)), which its canonical form (a product by -1) does not match.
-    rewritten = cast(
-        TensorVariable,
-        rewrite_graph(rewritten, include=("canonicalize", "stabilize", "specialize")),
-    )
+    # PyTensor may look for a BLAS here (a sparse rewrite's constraint reads its flags): its
+    # notice is about the C backend, not these functions (missing_blas_notice_silenced).
+    with missing_blas_notice_silenced():
+        rewritten = cast(
+            TensorVariable,
+            rewrite_graph(rewritten, include=("canonicalize", "stabilize", "specialize")),
+        )
     direct = _directly_read_coordinates(rewritten, vector)
     return GroupedRows(vector, rewritten, tuple(row_inputs), tuple(gathers), direct)
 

@@ -38,7 +38,7 @@ from pymc_subsample.model.imputation import (
     observed_terms_on_rows,
     restrict_to_missing_rows,
 )
-from pymc_subsample.warnings import warn_user
+from pymc_subsample.warnings import missing_blas_notice_silenced, warn_user
 
 __all__ = [
     "RowGraph",
@@ -206,7 +206,8 @@ def _folded(graph: Variable) -> Variable:
     roots = (v for v in ancestors([graph]) if v.owner is None)
     if not all(isinstance(root, Constant) for root in roots):
         return graph
-    folded = rewrite_graph(graph, include=("canonicalize",))
+    with missing_blas_notice_silenced():
+        folded = rewrite_graph(graph, include=("canonicalize",))
     return folded if isinstance(folded, Constant) else graph
 
 

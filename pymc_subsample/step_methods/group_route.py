@@ -23,7 +23,6 @@ from pymc_subsample.model.group_effects import NO_GROUP_INDEX
 from pymc_subsample.model.grouped_rows import reads_a_group_index
 from pymc_subsample.step_methods.arguments import free_value_vars, step_value_vars
 from pymc_subsample.step_methods.group_effects import GroupEffectsMH, NotGroupEffects
-from pymc_subsample.warnings import read_blas_flags_quietly
 
 __all__ = ["AUTO_GROUPS", "GROUP_ROUTE_MARK", "group_route"]
 
@@ -67,7 +66,6 @@ def group_route(
     TypeError, ValueError
         With ``group_effects=True``, where the route does not apply, and why.
     """
-    read_blas_flags_quietly()
     choice = kwargs.get("group_effects", AUTO_GROUPS)
     if choice not in (AUTO_GROUPS, True, False):
         raise ValueError(f"group_effects must be 'auto', True or False, got {choice!r}.")

@@ -35,7 +35,6 @@ from pymc_subsample.step_methods.warning_relay import (
     relay_if_worker,
     relayed_warnings,
 )
-from pymc_subsample.warnings import read_blas_flags_quietly
 
 __all__ = ["SubsampleStepBase"]
 
@@ -75,7 +74,6 @@ class SubsampleStepBase(ArrayStepShared):
         # A first build on this machine: the package's kernels compile in another process
         # meanwhile (kernels/warm_up.py).
         start_kernel_warm_up(self.warm_kernels)
-        read_blas_flags_quietly()
         vars = step_value_vars(model, vars)
         # None: the subclass chooses once it knows whether a control variate applies.
         self.batch_size = (
