@@ -133,6 +133,8 @@ class FusedGroupSweep:
             )
         )
         self._critical: dict[tuple[int, int], np.ndarray] = {}
+        # The last layout's test arguments after reference_q (they change with the layout).
+        self._layout_arguments: tuple[GroupRows, int, tuple[Any, ...]] | None = None
 
     def sweep(
         self,
@@ -224,19 +226,22 @@ class FusedGroupSweep:
 
     def _test_arguments(self, rows: GroupRows, batch_size: int) -> tuple[Any, ...]:
         """Return the drivers' arguments from ``reference_q`` to the correction's sd."""
-        test = self._test
-        return (
-            self._expansion.reference_q,
-            rows.order,
-            rows.starts,
-            rows.sizes,
-            rows.whole,
-            batch_size,
-            test.exact,
-            fused_groups.BARKER if test.kind == BARKER else fused_groups.AUSTERITY,
-            self._critical_values(rows, batch_size),
-            *self._correction,
-        )
+        cached = self._layout_arguments
+        if cached is None or cached[0] is not rows or cached[1] != batch_size:
+            test = self._test
+            arguments = (
+                rows.order,
+                rows.starts,
+                rows.sizes,
+                rows.whole,
+                batch_size,
+                test.exact,
+                fused_groups.BARKER if test.kind == BARKER else fused_groups.AUSTERITY,
+                self._critical_values(rows, batch_size),
+                *self._correction,
+            )
+            cached = self._layout_arguments = (rows, batch_size, arguments)
+        return (self._expansion.reference_q, *cached[2])
 
     def _environment(self) -> dict[str, Any]:
         return {
