@@ -142,9 +142,14 @@ def test_scattered_reads_release_the_maps(tmp_path: Path, monkeypatch: pytest.Mo
 
 
 def test_sampling_from_a_map_draws_what_sampling_in_ram_draws(
-    tmp_path: Path, low_thresholds
+    tmp_path: Path, low_thresholds, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The advice changes which pages stay resident, never a value: same seed, same draws."""
+    """The advice changes which pages stay resident, never a value: same seed, same draws.
+
+    Beyond RAM the draws read rows in blocks, another test (``tests/test_block_reads.py``);
+    here rows one by one, as in RAM, so that only the advice differs.
+    """
+    monkeypatch.setattr(mapped_pages.MappedRows, "draw_block_rows", lambda self: 1)
     x_path, y_path = _write(tmp_path, dtype="float32")
     X, y = np.load(x_path, mmap_mode="r"), np.load(y_path, mmap_mode="r")
     draws = []

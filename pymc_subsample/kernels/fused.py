@@ -39,6 +39,8 @@ __all__ = [
     "INDEPENDENT",
     "RANDOM_WALK",
     "RESULT_FIELDS",
+    "block_rows",
+    "block_sums",
     "consume_stages",
     "distance_sq",
     "draw_rows",
@@ -297,6 +299,37 @@ def draw_rows(
         offset = taken - (n_rows - remaining.size)
         return remaining[offset : offset + size], first, remaining
     return _draw_untaken(n_rows, size, stamps, counters, empty), first, remaining
+
+
+@_jit
+def block_rows(units: np.ndarray, block: int, n_rows: int) -> np.ndarray:
+    """Return every row of the blocks ``units``, block after block.
+
+    Unit ``b`` is rows ``b * block`` to ``min((b + 1) * block, n_rows) - 1`` (the last block
+    may be shorter).
+    """
+    total = 0
+    for unit in units:
+        total += min(block, n_rows - unit * block)
+    rows = np.empty(total, dtype=np.int64)
+    k = 0
+    for unit in units:
+        for row in range(unit * block, min((unit + 1) * block, n_rows)):
+            rows[k] = row
+            k += 1
+    return rows
+
+
+@_jit
+def block_sums(values: np.ndarray, units: np.ndarray, block: int, n_rows: int) -> np.ndarray:
+    """Sum the values of :func:`block_rows`'s rows by block: one value per unit."""
+    sums = np.zeros(units.size)
+    k = 0
+    for u in range(units.size):
+        for _ in range(min(block, n_rows - units[u] * block)):
+            sums[u] += values[k]
+            k += 1
+    return sums
 
 
 @_jit

@@ -122,6 +122,19 @@ class MappedRows:
         """Rows per block of a streamed pass: ``STREAM_BLOCK_BYTES`` of the maps' rows."""
         return max(1, min(n_rows, STREAM_BLOCK_BYTES // max(self._row_bytes, 1)))
 
+    def draw_block_rows(self) -> int:
+        """Return the rows a draw's test reads together, as one sampled unit.
+
+        That is 1 unless the maps' pages leave the process (:attr:`keeps_read_pages` False:
+        larger than ``RESIDENT_SHARE`` of memory), where every scattered row is a read from
+        the disk (50 us). There it is the rows of one page of the widest map, so that a unit
+        costs one or two reads a map where each of its rows cost one
+        (``docs/architecture.md``, "Rows read in blocks").
+        """
+        if not self._maps or self.keeps_read_pages:
+            return 1
+        return max(1, _PAGE // max(item.row_bytes for item in self._maps))
+
     @contextmanager
     def streaming(self) -> Iterator[None]:
         """Advise the maps for a pass in order (``MADV_NORMAL``), then random reads again.

@@ -29,6 +29,7 @@ from scipy.special import stdtrit
 
 from pymc_subsample.kernels import fused
 from pymc_subsample.kernels.proposals import IndependentProposal, RandomWalkProposal
+from pymc_subsample.kernels.row_sampler import RowSampler
 from pymc_subsample.kernels.warm_up import wait_for_kernel_warm_up
 from pymc_subsample.model.compiled import NumbaKernel, compile_driver
 from pymc_subsample.step_methods.proposal_parts.independent import IndependentPart
@@ -40,7 +41,7 @@ if TYPE_CHECKING:
 __all__ = ["FUSED_PROPOSALS", "FusedDraw", "fused_obstacle", "seed_fused_draws"]
 
 #: Bump when the generated driver's source changes (the key of its disk cache includes it).
-DRIVER_VERSION = 3
+DRIVER_VERSION = 4
 
 
 #: The proposal parts the fused draw compiles (``kernels/fused.propose``), by their exact class:
@@ -98,6 +99,8 @@ class FusedDraw:
         self._layout = _StatsLayout(step.test.fields)
         self._arguments: tuple[Any, ...] = ()
         self._implicit = False
+        #: The sampler of blocks where the test reads rows in blocks (``block_units``).
+        self._units: RowSampler | None = None
         self._refresh()
 
     def draw(self, q_old: np.ndarray, scaling: float) -> tuple[np.ndarray, dict[str, Any]]:
@@ -115,6 +118,12 @@ class FusedDraw:
         else:
             q = self._driver(q_old, float(scaling), *self._arguments)
         return q, self._layout.read(self.result)
+
+    def _unit_sampler(self, n_units: int) -> RowSampler:
+        """Return the sampler of blocks, kept while the data keep their number of blocks."""
+        if self._units is None or self._units.n_rows != n_units:
+            self._units = RowSampler(n_units)
+        return self._units
 
     def _current_key(self) -> tuple[Any, ...]:
         # Compared by identity: a new proposal, proxy, row sampler or test design (which comes
@@ -161,13 +170,17 @@ class FusedDraw:
             order, reference = proxy.order, proxy.reference
             gradient_sum, hessian_sum = proxy.gradient_sum, proxy.hessian_sum
             precision = control.precision
-        sampler = step.row_sampler
         test = step.test.fused(step)
         assert test is not None
         test_kind, error_tolerance, correction = test
-        n_rows, batch_size = oracles.n_rows, step.batch_size
+        n_rows = oracles.n_rows
+        # A designed test's tolerances are per stage of batch_size rows: rows stay its units.
+        designed = isinstance(error_tolerance, np.ndarray)
+        block = 1 if designed else min(oracles.pages.draw_block_rows(), n_rows)
+        n_units, batch_size = block_units(n_rows, block, step.batch_size)
+        sampler = step.row_sampler if block == 1 else self._unit_sampler(n_units)
         critical = (
-            _critical_values(n_rows, batch_size, error_tolerance)
+            _critical_values(n_units, batch_size, error_tolerance)
             if test_kind == fused.AUSTERITY
             else np.zeros(1)
         )
@@ -188,6 +201,8 @@ class FusedDraw:
             np.ascontiguousarray(hessian_sum, dtype=np.float64),
             np.ascontiguousarray(precision, dtype=np.float64),
             n_rows,
+            block,
+            n_units,
             batch_size,
             test_kind,
             critical,
@@ -203,6 +218,9 @@ class FusedDraw:
         self._arguments = (*fixed, self.result, *oracles.row_arrays())
         self._implicit = bool(self._prior.implicit or self._rows.implicit)
 
+
+#: The fewest blocks a stage of a test reads where it reads rows in blocks (``block_units``).
+MIN_BLOCK_UNITS = 16
 
 _BOOLEAN = frozenset({"full_data", "nonfinite_proposal"})
 _INTEGER = frozenset({"n_data", "n_batches"})
@@ -247,6 +265,22 @@ def _as_matrix(factor: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(np.diag(factor) if factor.ndim == 1 else factor, dtype=np.float64)
 
 
+def block_units(n_rows: int, block: int, batch_size: int) -> tuple[int, int]:
+    """Return the test's units and units per stage, where it reads rows in blocks of ``block``.
+
+    The population is the ``ceil(N / block)`` blocks, each valued by its rows' sum (the last
+    may be shorter): Algorithm 1 of Korattikara et al. (2014) on them is the same test of the
+    same sum (eq. 2 with ``N`` the number of blocks), and Seita et al.'s of the same estimate.
+    A stage reads as many blocks as hold ``batch_size`` rows, and at least
+    :data:`MIN_BLOCK_UNITS`, whose sample variance then has 15 degrees of freedom or more.
+    At ``block`` 1 these are the rows and ``batch_size``.
+    """
+    if block == 1:
+        return n_rows, batch_size
+    n_units = -(-n_rows // block)
+    return n_units, min(n_units, max(MIN_BLOCK_UNITS, -(-batch_size // block)))
+
+
 def _critical_values(
     n_rows: int, batch_size: int, error_tolerance: float | np.ndarray
 ) -> np.ndarray:
@@ -267,8 +301,8 @@ def _critical_values(
 _DRIVER_TEMPLATE = """
 def fused_draw(
     q_old, scaling, kind, factor, inverse_factor, mean, temperature, order, reference,
-    gradient_sum, hessian_sum, precision, n_rows, batch_size, test, critical, correction_support,
-    correction_cumulative, correction_sd, stamps, counters, accumulator,
+    gradient_sum, hessian_sum, precision, n_rows, block, n_units, batch_size, test, critical,
+    correction_support, correction_cumulative, correction_sd, stamps, counters, accumulator,
     result{data_args}{prior_args}{row_args}
 ):
     q_new, log_ratio = propose(kind, q_old, scaling, factor, inverse_factor, mean)
@@ -280,30 +314,37 @@ def fused_draw(
     log_u = log_uniform_for(test)
     start_test(counters, accumulator)
     nonfinite = not np.isfinite(log_ratio)
+    rows_read = 0
     if not nonfinite:
-        threshold = temperature * (log_u - log_ratio) / n_rows
-        scale = n_rows / (temperature * correction_sd)  # Barker: stop once s^2 < sigma^2
+        # The test's population: n_units blocks of `block` rows (rows themselves at 1), each
+        # valued by its rows' sum (docs/architecture.md, "Rows read in blocks").
+        threshold = temperature * (log_u - log_ratio) / n_units
+        scale = n_units / (temperature * correction_sd)  # Barker: stop once s^2 < sigma^2
         first = np.empty(0, dtype=np.int64)
         remaining = np.empty(0, dtype=np.int64)
         while True:  # one stage per call: the rows evaluated are the rows the test used
-            rows, first, remaining = draw_rows(
-                n_rows, batch_size, stamps, counters, first, remaining
+            units, first, remaining = draw_rows(
+                n_units, batch_size, stamps, counters, first, remaining
             )
-            values = row_terms(q_new, q_old{reference_arg}{gathered}{row_args})[0]
+            rows = units if block == 1 else block_rows(units, block, n_rows)
+            rows_read += rows.size
+            terms = row_terms(q_new, q_old{reference_arg}{gathered}{row_args})[0]
+            values = terms if block == 1 else block_sums(terms, units, block, n_rows)
             if not np.isfinite(values.sum()):
                 nonfinite = True
                 accumulator[8] += 1
                 break
-            all_read = counters[2] == n_rows
+            all_read = counters[2] == n_units
             if consume_stages(
-                values, batch_size, n_rows, all_read, test, threshold, scale, critical,
+                values, batch_size, n_units, all_read, test, threshold, scale, critical,
                 accumulator,
             ):
                 break
     accepted = finish_decision(
-        test, nonfinite, log_ratio, log_u, n_rows, temperature, accumulator, counters,
+        test, nonfinite, log_ratio, log_u, n_units, temperature, accumulator, counters,
         correction_support, correction_cumulative, correction_sd, result,
     )
+    result[1] = rows_read
     q_next = q_new if accepted else q_old
     result[8] = distance_sq(q_next, reference, precision) if order > 0 else np.nan
     return q_next
