@@ -6,6 +6,10 @@ Logistic regression with d = 10, float32 ``X`` and int8 ``y`` written as ``.npy`
 
 - ``memmap``: ``X`` and ``y`` from ``np.load(path, mmap_mode="r")``, given to the model as
   ``pytensor.shared(array, borrow=True)`` (no copy; ``docs/data_beyond_ram.md``);
+- ``memmap rows`` (only with ``--forms``): the same maps, with the draws' tests reading rows
+  one by one where they read blocks of a page's rows beyond RAM (``MappedRows.
+  draw_block_rows``, ``docs/architecture.md``, "Rows read in blocks"): the step as it was
+  before block reads, beside it on the same files;
 - ``in RAM``: the same files loaded into memory (N up to 1e8);
 - ``dask``: the same files on a ``distributed.LocalCluster`` of 2 worker processes (one
   thread each): each chunk of 2^22 rows is read from the files by the worker that holds it
@@ -93,7 +97,11 @@ def run_case(directory: Path, n_rows: int, form: str) -> dict[str, Any]:
                 "y", logit_p=pms.dask_data("X", X) @ beta, observed=pms.dask_data("labels", y)
             )
     else:
-        if form == "memmap":
+        if form == "memmap rows":  # as before rows were read in blocks: one by one
+            from pymc_subsample.model.mapped_pages import MappedRows
+
+            MappedRows.draw_block_rows = lambda self: 1  # type: ignore[method-assign]
+        if form.startswith("memmap"):
             X, y = np.load(x_path, mmap_mode="r"), np.load(y_path, mmap_mode="r")
         else:
             X, y = np.load(x_path), np.load(y_path)
@@ -207,7 +215,12 @@ def main() -> None:
     parser.add_argument("--data-dir", type=Path, default=Path("/tmp/pms_beyond_ram"))
     parser.add_argument("--in-ram-up-to", type=float, default=1e8)
     parser.add_argument("--dask-up-to", type=float, default=1e8)
-    parser.add_argument("--forms", nargs="+", help="run only these forms (memmap, in RAM, dask)")
+    parser.add_argument(
+        "--forms",
+        nargs="+",
+        help="run only these forms (memmap, in RAM, dask; and 'memmap rows', a map whose "
+        "draws read rows one by one, not in blocks, only where asked for)",
+    )
     parser.add_argument("--name", default="beyond_ram", help="results/NAME.json")
     args = parser.parse_args()
     if args.child:
@@ -230,6 +243,8 @@ def main() -> None:
             cases += [("memmap", "warm"), ("in RAM", "cold")]
         if n_rows <= args.dask_up_to:  # the workers hold the rows in their memory
             cases += [("dask", "cold")]
+        if args.forms and "memmap rows" in args.forms:  # asked for: the draws' rows one by one
+            cases += [("memmap rows", "cold")]
         for form, cache in cases:
             if args.forms and form not in args.forms:
                 continue
