@@ -58,8 +58,8 @@ DEFAULT_ERROR_TOLERANCE = 0.01
 #: probability by at most ``max|h''| |s^2 - s_hat^2| / 2 + O(s^3)`` (``h`` the smoothed
 #: logistic CDF it applies, ``|h''| <= 0.1``; ``docs/architecture.md``, "Group effects"),
 #: about 1e-5 at the ``s`` of 0.01-0.02 the control variate gives a group's estimate. Eight
-#: rows measure ``s`` well enough: 1.9x the min-ESS per second of 25 on the centred Poisson
-#: model, with three sweeps.
+#: rows measure ``s`` well enough: with three sweeps, 1.24x the min-ESS per second (set-up
+#: included, fresh processes) of 25 rows and two sweeps on the centred Poisson model.
 DEFAULT_BATCH_SIZE = {T_TEST: 25, BARKER: 8}
 #: Default sweeps per draw by test: Barker's acceptance ``1 / (1 + e^-Delta)`` is about half of
 #: Metropolis-Hastings' on the groups' near-independence proposals (its lag-one
@@ -190,8 +190,8 @@ class GroupEffectsMH(CompiledSweepParts, GroupMoves, SubsampleStepBase):
         once: by default 1 with the t-test and 3 with the Barker test. Barker's test accepts
         a proposal at ``1 / (1 + e^-Delta)``, about half of what Metropolis-Hastings accepts
         of the groups' Newton proposals (0.48 against 0.9), so one sweep moves the group
-        effects half as often; with its first stage of 8 rows a sweep costs a third of the
-        t-test's.
+        effects half as often; with its first stage of 8 rows a sweep reads a third of the
+        t-test's rows (and costs about two thirds of its time).
 
     Raises
     ------
