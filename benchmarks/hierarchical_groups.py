@@ -52,17 +52,17 @@ Cost: nutpie's numba gradient of the logistic models takes about 130 ns a row on
 5 ns), so nutpie on ``noncentred_logistic_1000`` takes about 3 s an iteration (one chain of
 150 + 100 took 742 s; the default 2 x 2,000 would take over 3 hours) and on
 ``noncentred_logistic_200`` about 0.6 s. ``results/hierarchical_groups.json`` holds (see its
-``models`` entries) our samplers' runs on one commit, made by three invocations one after the
-other: ``--models centred_poisson crossed_normal --timeout 1200`` (11 minutes, nutpie and its
-reference included); ``--models noncentred_logistic_1000 --samplers austerity barker --nutpie-draws
+``models`` entries) runs from two commits. On the latest (Barker's group step with 8 rows a
+group and three sweeps): ``--models centred_poisson crossed_normal --timeout 1200`` (11
+minutes, nutpie and its reference included), ``--models crossed_normal`` once more (other work
+had shared the machine during the first crossed runs), and ``--models noncentred_logistic_200
+--nutpie-draws noncentred_logistic_200=150:150 --exact-reference noncentred_logistic_200`` (16
+minutes, the exact reference 8 of them). On an earlier commit: ``--models
+noncentred_logistic_1000 --samplers austerity barker --nutpie-draws
 noncentred_logistic_1000=100:100 --exact-reference noncentred_logistic_1000 --reuse
-nutpie=FILE exact=FILE``; and, on a later commit (the shared coefficients' test deciding at
-its resolution), ``--models noncentred_logistic_200 --nutpie-draws
-noncentred_logistic_200=150:150 --exact-reference noncentred_logistic_200`` (26 minutes, the
-exact reference 23 of them on a loaded machine).
-The reused runs are JSON lines that ``--child`` processes printed on an earlier commit: the
-exact group step's (41 minutes at 1e6 rows, 2 x (400 + 1,500); 7 minutes at 2e5) and nutpie's
-on the 1,000-group model (2 x (100 + 100), 509 s); nutpie ran afresh on the others. ``--quick``
+nutpie=FILE exact=FILE``, whose reused runs are JSON lines that ``--child`` processes printed
+on a commit before it: the exact group step's (41 minutes at 1e6 rows, 2 x (400 + 1,500))
+and nutpie's (2 x (100 + 100), 509 s). ``--quick``
 is a smoke test (groups / 10, rows / 50, short chains; about 5 minutes for the four models). Writes
 ``results/hierarchical_groups.json`` (``--quick``: ``results/hierarchical_groups_quick.json``);
 models not run keep their earlier results there.
