@@ -2,8 +2,8 @@
 
 A float32 ``X`` given as a plain array (a NumPy array or a memory map) stays the model's
 constant, float32, and the step's build reads its rows range by range: what the build allocates
-beyond what the same build allocates on a small slice of the data must stay below half the
-data's size. Before the fix the build of ``AusterityMH()`` allocated 2.5x the data on top (the
+beyond what the same build allocates on a small slice of the data must stay below 0.75x the
+data's size (a copy is 1x, or 2x upcast). Before the fix the build of ``AusterityMH()`` allocated 2.5x the data on top (the
 self-check's pass over every row upcast the whole ``X`` to float64; the reference search, the
 Laplace check and the step each held an int64 stamp per row, together).
 """
@@ -34,8 +34,13 @@ from pymc_subsample.reference_search import _rest_sums
 N_ROWS, N_COLUMNS = 1_000_000, 10
 #: Rows of the baseline build, whose allocations (compilation, graphs) do not grow with N.
 BASELINE_ROWS = 20_000
-#: The most the build may allocate on top of the baseline, as a share of the data's bytes.
-MAX_SHARE = 0.5
+#: The most the build may allocate on top of the baseline, as a share of the data's bytes. A
+#: copy of the rows is 1x (float32) or 2x (upcast to float64); what else the build allocates
+#: on all the rows and not on the baseline's, 0.07x at 5e5 rows and 0.31x-0.57x at 1e6 on the
+#: same commit from one run to another (the set-up functions' temporaries on PyTensor's
+#: Python linker, which tracemalloc counts, where Numba's compiled code allocates outside
+#: it), stays below this with room.
+MAX_SHARE = 0.75
 
 
 def _write_data(directory: Path) -> tuple[Path, Path]:
