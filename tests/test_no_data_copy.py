@@ -3,9 +3,10 @@
 A float32 ``X`` given as a plain array (a NumPy array or a memory map) stays the model's
 constant, float32, and the step's build reads its rows range by range: what the build allocates
 beyond what the same build allocates on a small slice of the data must stay below 0.75x the
-data's size (a copy is 1x, or 2x upcast). Before the fix the build of ``AusterityMH()`` allocated 2.5x the data on top (the
-self-check's pass over every row upcast the whole ``X`` to float64; the reference search, the
-Laplace check and the step each held an int64 stamp per row, together).
+data's size (a copy is 1x, or 2x upcast). Before the fix the build of ``AusterityMH()``
+allocated 2.5x the data on top (the self-check's pass over every row upcast the whole ``X``
+to float64; the reference search, the Laplace check and the step each held an int64 stamp
+per row, together).
 """
 
 from __future__ import annotations
