@@ -153,7 +153,8 @@ class FusedGroupSweep:
         and the shared coefficients, which these sweeps leave as they are. ``noise`` is each
         sweep's normals, scales and ``log u``, ``(sweeps, G, k)``, ``(sweeps, G)`` and
         ``(sweeps, G)`` (:func:`~.fused_proposals.fill_sweep_noise`, drawn from Numba's
-        generator inside the call where not given). The counts are summed over the sweeps.
+        generator inside the call where not given; where given, its first axis is the number
+        of sweeps). The counts are summed over the sweeps.
         """
         coordinates = self._coordinates[f]
         draw_noise = noise is None

@@ -461,16 +461,16 @@ class GroupEffectsMH(CompiledSweepParts, GroupMoves, SubsampleStepBase):
         factors = list(enumerate(zip(self.factors, self.layouts, strict=True)))
         # One factor's sweeps leave its expansion as it is (it reads the other factors), so
         # the compiled path makes them in one call; several factors take turns sweep by sweep.
-        repeats = self.sweeps if fused is not None and len(factors) == 1 else 1
-        sweeps = [
+        per_call = self.sweeps if fused is not None and len(factors) == 1 else 1
+        calls = [
             (f, factor, layout)
-            for _ in range(self.sweeps // repeats)
+            for _ in range(self.sweeps // per_call)
             for f, (factor, layout) in factors
         ]
-        for f, factor, layout in sweeps:
+        for f, factor, layout in calls:
             quadratic = self.expansion.shifted(f, q)
             if fused is not None:
-                q, info = fused.sweep(f, layout, self.batch_size, q, quadratic, sweeps=repeats)
+                q, info = fused.sweep(f, layout, self.batch_size, q, quadratic, sweeps=per_call)
             else:
 
                 def terms(
