@@ -89,3 +89,16 @@ def computed_once_per_session(
             return value
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+@pytest.fixture(autouse=True)
+def _no_compile_helper(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run the tests without the set-up's compile helper (``model/compile_helper.py``).
+
+    The helper compiles on another core, where the test machine runs other work, and one
+    helper for a whole session would keep every model's compiled code. Nothing a step
+    computes depends on it (``test_compile_helper.py`` checks that, with the helper on).
+    """
+    from pymc_subsample.model import compile_helper
+
+    monkeypatch.setattr(compile_helper, "_unavailable", True)

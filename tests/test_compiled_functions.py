@@ -103,13 +103,18 @@ def test_the_tier_is_on_only_on_pytensor_3():
 def test_elementwise_python_loops_cost_more_per_row(monkeypatch):
     monkeypatch.setattr(compiled, "INTERPRETED_SECONDS", 3.0)
 
-    # softplus has no NumPy ufunc (nfunc_spec): the Python linker calls it once per element.
+    # log1mexp has no NumPy ufunc (nfunc_spec): the Python linker calls it once per element.
+    def log1mexp_rows() -> tuple[list, list]:
+        q = pt.vector("q", shape=(2,))
+        x = pt.matrix("x")
+        return [q, x], [pt.log1mexp(-pt.exp(x @ q))]
+
     def exp_rows() -> tuple[list, list]:
         x = pt.matrix("x")
         return [x], [pt.exp(x).sum(axis=1)]
 
     looped, vectorised = (
-        LazyFunction(build, {}, interpreted_first=True) for build in (_softplus_rows, exp_rows)
+        LazyFunction(build, {}, interpreted_first=True) for build in (log1mexp_rows, exp_rows)
     )
 
     # A product of three vectors: PyTensor 3 folds np.multiply over them (no Python loop).
@@ -124,6 +129,37 @@ def test_elementwise_python_loops_cost_more_per_row(monkeypatch):
     assert looped._interpreted_cost[1] >= compiled.SECONDS_PER_PYTHON_LOOP_ROW
     assert vectorised._interpreted_cost[1] < compiled.SECONDS_PER_PYTHON_LOOP_ROW
     assert product._interpreted_cost[1] < compiled.SECONDS_PER_PYTHON_LOOP_ROW
+
+
+def test_softplus_runs_as_numpy_calls_on_the_python_linker():
+    # model/python_linker.py: softplus, which NumPy lacks, is rewritten for the Python linker
+    # as max(x, 0) + log1p(exp(-|x|)); its values are NumPy's logaddexp(0, x) to rounding,
+    # from exp underflow to overflow (caught if the rewrite were dropped: Python loops
+    # counted; or wrong on either side of 0 or at the extremes: values).
+    function = LazyFunction(_softplus_rows, {}, interpreted_first=True)
+    x = np.linspace(-800.0, 800.0, 4_001)[:, None] * np.ones((1, 2))
+    q = np.array([0.5, 0.5])
+    softplus, total = function(q, x)
+    assert not function.compiled
+    nodes = function._interpreted.maker.fgraph.apply_nodes
+    assert not [node for node in nodes if compiled._loops_in_python(node)]
+    np.testing.assert_allclose(softplus, np.logaddexp(0.0, x @ q), rtol=1e-15, atol=1e-300)
+    np.testing.assert_allclose(total, np.sum(np.logaddexp(0.0, -(x @ q))), rtol=1e-13)
+
+
+def test_views_and_fixed_sizes_cost_per_call_only():
+    # A transpose and a column are views; a (1, 1) gammaln has the graph's size: none of them
+    # grows with the rows (caught if any were counted per row).
+    def rows_and_views() -> tuple[list, list]:
+        x = pt.matrix("x")
+        nu = pt.matrix("nu", shape=(1, 1))
+        return [x, nu], [x.T[0] + pt.sum(pt.gammaln(nu))]
+
+    function = LazyFunction(rows_and_views, {}, interpreted_first=True)
+    function(np.ones((3, 2)), np.ones((1, 1)))
+    nodes = function._interpreted.maker.fgraph.apply_nodes
+    per_row = [node for node in nodes if compiled._reads_per_row(node)]
+    assert len(per_row) == 1, per_row  # the addition over the column
 
 
 def test_a_draw_function_compiles_at_its_first_call():

@@ -29,7 +29,9 @@ from pytensor.graph.basic import Variable
 from pytensor.scalar.basic import Add, Cast, Mul
 from pytensor.tensor.elemwise import Elemwise
 
+from pymc_subsample.model import compile_helper
 from pymc_subsample.model.numba_special import register_numba_lowerings
+from pymc_subsample.model.python_linker import PYTHON_LINKER_TAG
 from pymc_subsample.warnings import missing_blas_notice_silenced, numba_fallbacks_silenced
 
 __all__ = [
@@ -98,6 +100,7 @@ class LazyFunction:
 
     __slots__ = (
         "_build",
+        "_compile_job",
         "_compile_kwargs",
         "_expected_rows",
         "_function",
@@ -125,6 +128,8 @@ class LazyFunction:
         self._numba_function: Callable[..., Any] | None = None
         # Rows the set-up is expected to read through this function (expect_rows).
         self._expected_rows = 0
+        # The compile helper's job on this function (compile_helper.py; 0: none).
+        self._compile_job = 0
 
     def expect_rows(self, rows: int) -> None:
         """Say how many rows the set-up will read through this function, in all.
@@ -160,6 +165,12 @@ class LazyFunction:
             seconds = self._interpreted_seconds + per_call + per_row * _rows_of(args)
             if max(seconds, expected) <= INTERPRETED_SECONDS:
                 self._interpreted_seconds = seconds
+                if first:
+                    # Compiled in a helper meanwhile, so that the compile once the budget
+                    # is spent loads it from the cache (compile_helper.py).
+                    self._compile_job = compile_helper.submit(
+                        self._build, self._compile_kwargs, _numba_types(args)
+                    )
                 # NumPy's floating-point warnings: compiled code gives the same inf and NaN.
                 with np.errstate(all="ignore"):
                     return interpreted(*args)
@@ -172,7 +183,11 @@ class LazyFunction:
         """Build the function on PyTensor's Python linker (no fusion: NumPy's own loops)."""
         with config.change_flags(traceback__limit=0), collection_paused():
             inputs, outputs = self._build()
-            mode = Mode(linker="py", optimizer="fast_run").excluding("fusion")
+            mode = (
+                Mode(linker="py", optimizer="fast_run")
+                .excluding("fusion")
+                .including(PYTHON_LINKER_TAG)
+            )
             self._interpreted = compile_function(
                 list(inputs), outputs, {**self._compile_kwargs, "mode": mode}
             )
@@ -182,6 +197,8 @@ class LazyFunction:
     def compile(self) -> Callable[..., Any]:
         """Compile now (idempotent) and return the compiled function."""
         if self._function is None:
+            compile_helper.wait_for(self._compile_job)
+            self._compile_job = 0
             # The derivative graphs have thousands of nodes, and PyTensor records a stack
             # trace at each node's creation (and each rewrite's): 0.1 s of a step's set-up,
             # for tracebacks that would point inside this package, not at the user's model.
@@ -236,7 +253,10 @@ class LazyFunction:
         return self._function is None and self._interpreted_seconds < INTERPRETED_SECONDS
 
     def __getstate__(self) -> tuple[Any, ...]:
-        return tuple(getattr(self, name) for name in self.__slots__)
+        # A helper's job is this process's: a copy in a worker compiles by itself.
+        return tuple(
+            0 if name == "_compile_job" else getattr(self, name) for name in self.__slots__
+        )
 
     def __setstate__(self, state: tuple[Any, ...]) -> None:
         for name, value in zip(self.__slots__, state, strict=True):
@@ -283,12 +303,23 @@ def _numba_cache_key(jit_function: Any) -> str | None:
 def _interpreted_cost(function: Any) -> tuple[float, float]:
     """Estimate a Python-linker function's seconds per call and per row (``LazyFunction``)."""
     nodes = function.maker.fgraph.apply_nodes
-    # Nodes on scalars (the parameters' transforms, a Student-t's trigamma(nu / 2)) cost per
-    # call only; the others are counted per row, an overestimate for those on short vectors.
-    arrays = [node for node in nodes if any(out.ndim for out in node.outputs)]
+    # Nodes whose outputs are views of their inputs (a transpose, a column, a shape
+    # assertion) or have a size fixed by the graph (scalars, the parameters' transforms, a
+    # Student-t's trigamma(nu / 2) of shape (1, 1)) cost per call only; the others are
+    # counted per row, an overestimate for those on short vectors.
+    arrays = [node for node in nodes if _reads_per_row(node)]
     python_loops = sum(1 for node in arrays if _loops_in_python(node))
     per_row = SECONDS_PER_NODE_ROW * len(arrays) + SECONDS_PER_PYTHON_LOOP_ROW * python_loops
     return SECONDS_PER_NODE_CALL * len(nodes), per_row
+
+
+def _reads_per_row(node: Any) -> bool:
+    """Whether ``node`` computes an output whose size the graph leaves open (rows, say)."""
+    view_map = getattr(node.op, "view_map", {})
+    return any(
+        index not in view_map and None in getattr(out.type, "shape", ())
+        for index, out in enumerate(node.outputs)
+    )
 
 
 def _loops_in_python(node: Any) -> bool:
@@ -305,6 +336,13 @@ def _loops_in_python(node: Any) -> bool:
         return False
     spec = getattr(node.op.scalar_op, "nfunc_spec", None)
     return not spec or len(node.inputs) != spec[1]
+
+
+def _numba_types(args: tuple[Any, ...]) -> tuple[Any, ...]:
+    """Return Numba's types of a call's arguments (those its compiled code is built for)."""
+    from numba import typeof
+
+    return tuple(typeof(arg) for arg in args)
 
 
 def _rows_of(args: tuple[Any, ...]) -> int:

@@ -165,12 +165,10 @@ def group_effect_functions(
         direct_coordinates=direct,
         change=LazyFunction(partial(change_graph, grouped), compile_kwargs),
         residual=LazyFunction(partial(residual_graph, grouped, frozen_rows), compile_kwargs),
-        # Compiled at its first call: interpreted first, it saved 9 s of a cold build at 1e5
-        # rows (200 groups) but cost 1.8 s of every warm one, and at 1e6 rows it was compiled
-        # after a few passes anyway (docs/architecture.md, "Model layer", compiled.py).
         derivatives=LazyFunction(
             partial(per_row_derivatives_graph, grouped._replace(rows_logp=frozen_rows)),
             compile_kwargs,
+            interpreted_first=True,
         ),
         indices=LazyFunction(partial(index_graph, grouped), compile_kwargs),
         cell_shapes=tuple(tuple(int(d) for d in c.type.shape[1:]) for c in cells),

@@ -1,0 +1,249 @@
+"""Compile the set-up's PyTensor functions into Numba's cache in a helper process.
+
+A set-up function (``compiled.LazyFunction`` with ``interpreted_first``: the reference search's
+graphs, the full-data sums, a hierarchy's per-row derivatives) runs on PyTensor's Python linker
+until its estimated time there passes a budget, and is then compiled (``docs/architecture.md``,
+"Model layer"). With a cold Numba cache that compile costs 5-20 s, paid in the middle of the
+set-up or of tuning. :func:`submit` sends such a function, at its first interpreted call, to a
+helper process that compiles it for the argument types of that call into PyTensor's Numba
+cache, on another core, while this process goes on interpreting it; when the budget is spent,
+:func:`wait_for` lets the compile here load the helper's code from the cache.
+
+Nothing the step computes depends on the helper: when a function switches from the Python
+linker to compiled code is decided by the estimate alone, and the compiled code is the same
+whichever process compiled it. Where the helper cannot help or fails, this process compiles as
+it did before. It runs only in the process that builds a step (not in ``pm.sample``'s
+workers), on at least two cores, with Numba's cache on and outside Windows (its pipes are
+read with ``select``). A job carries the function's graph and never the user's data: a graph
+holding an array of more than :data:`MAX_ARRAY_BYTES` is not sent. The helper is one
+process, started at the first job and stopped at exit; it reads jobs from its standard input
+and reports ``start K``, ``done K`` or ``fail K`` for job ``K`` on its standard output.
+"""
+
+from __future__ import annotations
+
+import atexit
+import io
+import multiprocessing
+import os
+import pickle
+import select
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = ["MAX_ARRAY_BYTES", "WAIT_SECONDS", "helper_available", "submit", "wait_for"]
+
+#: The largest array a job's graph may hold (constants and shared values): a graph over the
+#: user's data as a shared variable is compiled here, never copied into the helper.
+MAX_ARRAY_BYTES = 1 << 20
+#: The longest a compile waits for the helper's job on the same function (seconds).
+WAIT_SECONDS = 120.0
+_HEADER = struct.Struct("<Q")
+
+
+class _CarriesData(Exception):
+    """A job's graph holds a large array."""
+
+
+class _DataFreePickler(pickle.Pickler):
+    """A pickler that refuses arrays of more than :data:`MAX_ARRAY_BYTES`."""
+
+    def persistent_id(self, obj: Any) -> None:
+        if isinstance(obj, np.ndarray) and obj.nbytes > MAX_ARRAY_BYTES:
+            raise _CarriesData
+        return None
+
+
+class _Helper:
+    """The helper process, its jobs and what it has reported."""
+
+    def __init__(self) -> None:
+        package_parent = str(Path(__file__).resolve().parents[2])
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(
+            part for part in (package_parent, env.get("PYTHONPATH", "")) if part
+        )
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", __name__],
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+        )
+        self.pid = os.getpid()
+        self.jobs = 0
+        self.started: set[int] = set()
+        self.finished: set[int] = set()
+        self.failed: set[int] = set()
+        self._pending = b""
+
+    def send(self, payload: bytes) -> int:
+        """Send one job; return its number."""
+        assert self.process.stdin is not None
+        self.process.stdin.write(_HEADER.pack(len(payload)) + payload)
+        self.process.stdin.flush()
+        self.jobs += 1
+        return self.jobs
+
+    def read(self, timeout: float) -> bool:
+        """Read what the helper reported within ``timeout`` seconds; False once it has ended."""
+        assert self.process.stdout is not None
+        fd = self.process.stdout.fileno()
+        ready, _, _ = select.select([fd], [], [], max(timeout, 0.0))
+        if not ready:
+            return True
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            return False
+        lines = (self._pending + chunk).split(b"\n")
+        self._pending = lines.pop()
+        for line in lines:
+            word, _, number = line.decode(errors="replace").partition(" ")
+            reports = {"start": self.started, "done": self.finished, "fail": self.failed}
+            if number.isdigit() and word in reports:
+                reports[word].add(int(number))
+        return True
+
+    def stop(self) -> None:
+        """Stop the helper and reap it."""
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait()
+        for stream in (self.process.stdin, self.process.stdout):
+            if stream is not None:
+                stream.close()
+
+
+_helper: _Helper | None = None
+_unavailable = False
+
+
+def helper_available() -> bool:
+    """Whether this process may use a helper (the module docstring's conditions)."""
+    if _unavailable or os.name == "nt" or multiprocessing.parent_process() is not None:
+        return False
+    from numba.core import config as numba_config
+    from pytensor import config
+
+    if getattr(numba_config, "DISABLE_JIT", False) or not getattr(config, "numba__cache", True):
+        return False
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0)) >= 2
+    return (os.cpu_count() or 1) >= 2
+
+
+def _running_helper() -> _Helper | None:
+    """Return this process's helper, starting it at the first job."""
+    global _helper, _unavailable
+    if _helper is not None and _helper.pid == os.getpid() and _helper.process.poll() is None:
+        return _helper
+    if _helper is not None or not helper_available():
+        return None
+    try:
+        _helper = _Helper()
+    except OSError:
+        _unavailable = True
+        return None
+    atexit.register(_stop_helper)
+    return _helper
+
+
+def _stop_helper() -> None:
+    """Stop the helper at exit (a script that ends does not wait for its jobs)."""
+    if _helper is not None and _helper.pid == os.getpid():
+        _helper.stop()
+
+
+def submit(builder: Any, compile_kwargs: dict[str, Any], argument_types: tuple[Any, ...]) -> int:
+    """Send a function to the helper; return the job's number, 0 if not sent.
+
+    Parameters
+    ----------
+    builder : callable
+        The function's picklable graph builder (``LazyFunction``'s).
+    compile_kwargs : dict
+        Its compile arguments.
+    argument_types : tuple of numba types
+        Numba's types of the explicit arguments it will be called with.
+    """
+    if not helper_available():
+        return 0
+    buffer = io.BytesIO()
+    try:
+        _DataFreePickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(
+            (builder, compile_kwargs, argument_types)
+        )
+    except Exception:  # a graph that does not pickle is compiled here
+        return 0
+    helper = _running_helper()
+    if helper is None:
+        return 0
+    try:
+        return helper.send(buffer.getvalue())
+    except OSError:
+        return 0
+
+
+def wait_for(job: int, timeout: float = WAIT_SECONDS) -> None:
+    """Wait while the helper compiles job ``job``; return at once if it has not started it.
+
+    A job not started yet is left to the helper's queue: this process compiles the function
+    itself, and the helper later finds it in the cache.
+    """
+    helper = _helper
+    if not job or helper is None or helper.pid != os.getpid():
+        return
+    deadline = time.monotonic() + timeout
+    while helper.read(0.0) and job not in helper.finished | helper.failed:
+        if job not in helper.started or time.monotonic() >= deadline:
+            return
+        if not helper.read(min(deadline - time.monotonic(), 1.0)):
+            return
+
+
+def _compile_job(payload: bytes) -> None:
+    """Compile one job's function and its Numba code for the job's argument types."""
+    from numba import typeof
+    from numba.core import types
+
+    from pymc_subsample.model.compiled import LazyFunction
+
+    builder, compile_kwargs, argument_types = pickle.loads(payload)
+    function: Any = LazyFunction(builder, compile_kwargs).compile()
+    jit_function = getattr(function.vm, "jit_fn", None)
+    if jit_function is None:
+        return
+    implicit = [
+        typeof(container.storage[0])
+        for container, spec in zip(function.input_storage, function.maker.inputs, strict=True)
+        if spec.implicit
+    ]
+    # PyTensor's Numba function takes its inputs as ``*args``, which Numba types as one tuple
+    # (the signature a call from PyTensor's thunk compiles).
+    jit_function.compile((types.BaseTuple.from_types((*argument_types, *implicit)),))
+
+
+def _serve() -> None:
+    """Run jobs from standard input until it closes."""
+    source, report = sys.stdin.buffer, sys.stdout
+    number = 0
+    while header := source.read(_HEADER.size):
+        payload = source.read(_HEADER.unpack(header)[0])
+        number += 1
+        print(f"start {number}", file=report, flush=True)
+        try:
+            _compile_job(payload)
+        except Exception:  # the step compiles the function itself
+            print(f"fail {number}", file=report, flush=True)
+        else:
+            print(f"done {number}", file=report, flush=True)
+
+
+if __name__ == "__main__":
+    _serve()

@@ -1,0 +1,176 @@
+"""The set-up's functions compiled ahead in a helper process (``model/compile_helper.py``).
+
+Deterministic checks, no Monte Carlo: no false failures.
+
+- The helper fills Numba's cache: after its job, the same function compiled here loads its
+  code from the cache (a hit, no miss); without the job the same call misses. Each run uses a
+  graph no cache has seen (a fresh constant in it) on empty caches, in a fresh process.
+- A graph holding more than ``MAX_ARRAY_BYTES`` of data is not sent, and starts no helper.
+- ``pm.sample``'s worker processes do not use a helper.
+- A script that sends a job and ends at once leaves no helper running and prints nothing.
+- Nothing the step computes depends on the helper: a function switches from the Python linker
+  to compiled code at the same call whether a job was sent or not (the Python linker's and
+  Numba's sums can differ in their last bits, so a switch that moved with the helper would
+  change a seed's draws), and its compile waits for the job first.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import subprocess
+import sys
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytensor
+import pytensor.tensor as pt
+import pytest
+
+from pymc_subsample.model import compile_helper, compiled
+
+REPOSITORY = Path(__file__).resolve().parents[1]
+TESTS = Path(__file__).resolve().parent
+
+
+def scaled_sum_graph(scale: float) -> tuple[list[Any], Any]:
+    """A small graph; its constant ``scale`` gives it a cache key of its own."""
+    x = pt.vector("x")
+    return [x], [pt.sum(pt.exp(x * scale))]
+
+
+def data_graph(data: Any) -> tuple[list[Any], Any]:
+    """A graph reading ``data`` (a shared variable)."""
+    x = pt.vector("x")
+    return [x], [pt.sum(x) + pt.sum(data)]
+
+
+def _run(code: str, caches: Path, *options: str) -> tuple[dict, str]:
+    """Run ``code`` in a fresh interpreter on empty caches; return its JSON line and stderr."""
+    env = dict(os.environ)
+    env["NUMBA_CACHE_DIR"] = str(caches / "numba")
+    env["PYTENSOR_FLAGS"] = f"base_compiledir={caches / 'pytensor'}"
+    env["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [str(REPOSITORY), str(TESTS), env.get("PYTHONPATH")])
+    )
+    done = subprocess.run(
+        [sys.executable, *options, "-c", code],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1]), done.stderr
+
+
+_FILLS_THE_CACHE = """
+import json, time, uuid
+from functools import partial
+import numpy as np
+from pymc_subsample.model import compile_helper, compiled
+from test_compile_helper import scaled_sum_graph
+
+send = {send}
+builder = partial(scaled_sum_graph, 1.0 + uuid.uuid4().int % 10**6 / 10**7)
+x = np.arange(5.0)
+if send:
+    job = compile_helper.submit(builder, {{}}, compiled._numba_types((x,)))
+    assert job, "not sent"
+    helper = compile_helper._helper
+    deadline = time.monotonic() + 300
+    while job not in helper.finished | helper.failed and time.monotonic() < deadline:
+        assert helper.read(1.0), "the helper ended"
+    assert job in helper.finished, "the helper's job failed or did not finish"
+function = compiled.LazyFunction(builder, {{}}).compile()
+function(x)
+stats = function.vm.jit_fn.stats
+print(json.dumps({{
+    "hits": sum(stats.cache_hits.values()), "misses": sum(stats.cache_misses.values())
+}}))
+"""
+
+
+@pytest.mark.skipif(not compile_helper.helper_available(), reason="needs two cores")
+@pytest.mark.parametrize("send", [True, False], ids=["job sent", "no job"])
+def test_the_helpers_job_is_loaded_from_the_cache(tmp_path: Path, send: bool) -> None:
+    if not compiled.INTERPRETED_SECONDS:
+        pytest.skip("PyTensor 2 compiles every function at its first call: no helper")
+    found, _ = _run(_FILLS_THE_CACHE.format(send=send), tmp_path)
+    assert found == ({"hits": 1, "misses": 0} if send else {"hits": 0, "misses": 1})
+
+
+def test_a_graph_holding_data_is_not_sent(monkeypatch: pytest.MonkeyPatch) -> None:
+    # 2 MB of data in the graph's builder: refused before any helper starts (caught if the
+    # guard were gone: the stand-in helper would be asked for). 1 MB or less is sent.
+    monkeypatch.setattr(compile_helper, "helper_available", lambda: True)
+    sent = []
+
+    class StandIn:
+        def send(self, payload: bytes) -> int:
+            sent.append(len(payload))
+            return len(sent)
+
+    monkeypatch.setattr(compile_helper, "_running_helper", StandIn)
+    types = compiled._numba_types((np.arange(5.0),))
+    large = partial(data_graph, pytensor.shared(np.ones(1 << 18), name="data"))
+    assert compile_helper.submit(large, {}, types) == 0
+    assert not sent
+    small = partial(data_graph, pytensor.shared(np.ones(1 << 17), name="data"))
+    assert compile_helper.submit(small, {}, types) == 1
+    assert 1 << 20 < sent[0] < 1 << 21
+
+
+def test_worker_processes_use_no_helper() -> None:
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        assert pool.apply(compile_helper.helper_available) is False
+
+
+_ENDS_AT_ONCE = """
+import json
+from functools import partial
+import numpy as np
+from pymc_subsample.model import compile_helper, compiled
+from test_compile_helper import scaled_sum_graph
+
+x = np.arange(5.0)
+job = compile_helper.submit(partial(scaled_sum_graph, 2.5), {}, compiled._numba_types((x,)))
+print(json.dumps({"job": job, "pid": compile_helper._helper.process.pid}))
+"""
+
+
+@pytest.mark.skipif(not compile_helper.helper_available(), reason="needs two cores")
+def test_a_script_that_ends_at_once_stops_the_helper_and_says_nothing(tmp_path: Path) -> None:
+    found, stderr = _run(_ENDS_AT_ONCE, tmp_path, "-W", "default")
+    assert found["job"] == 1
+    assert stderr == ""
+    with pytest.raises(ProcessLookupError):
+        os.kill(found["pid"], 0)
+
+
+def test_the_switch_to_compiled_code_does_not_depend_on_the_helper(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # One estimated second per call and a budget of four: compiled at the fifth call, with a
+    # helper's job or without one (caught if a job sent moved the switch), and the compile
+    # waits for that job first (caught if it did not ask).
+    monkeypatch.setattr(compiled, "_interpreted_cost", lambda function: (1.0, 0.0))
+    monkeypatch.setattr(compiled, "INTERPRETED_SECONDS", 4.0)
+    waited: list[int] = []
+    monkeypatch.setattr(compile_helper, "wait_for", lambda job, *timeout: waited.append(job))
+    x = np.arange(5.0)
+    switches = []
+    for job in (7, 0):
+        monkeypatch.setattr(compile_helper, "submit", lambda *arguments, job=job: job)
+        function = compiled.LazyFunction(partial(scaled_sum_graph, 0.5), {}, interpreted_first=True)
+        calls = 0
+        while not function.compiled:
+            function(x)
+            calls += 1
+        switches.append(calls)
+    assert switches == [5, 5]
+    assert waited == [7, 0]
