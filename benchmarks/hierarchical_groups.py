@@ -52,7 +52,10 @@ Cost: nutpie's numba gradient of the logistic models takes about 130 ns a row on
 5 ns), so nutpie on ``noncentred_logistic_1000`` takes about 3 s an iteration (one chain of
 150 + 100 took 742 s; the default 2 x 2,000 would take over 3 hours) and on
 ``noncentred_logistic_200`` about 0.6 s. ``results/hierarchical_groups.json`` holds (see its
-``models`` entries) runs from two commits. On the latest (Barker's group step with 8 rows a
+``models`` entries) runs from three commits. On the latest (the set-up's compile helper, the
+hierarchy's derivatives interpreted first), ``--models centred_poisson --samplers austerity barker
+--timeout 1200`` (the draws are those of the commit before, the wall times shorter); its
+``one_block`` run is the commit before's. On that one (Barker's group step with 8 rows a
 group and three sweeps): ``--models centred_poisson crossed_normal --timeout 1200`` (11
 minutes, nutpie and its reference included), ``--models crossed_normal`` once more (other work
 had shared the machine during the first crossed runs), and ``--models noncentred_logistic_200
