@@ -174,3 +174,9 @@ def test_the_switch_to_compiled_code_does_not_depend_on_the_helper(
         switches.append(calls)
     assert switches == [5, 5]
     assert waited == [7, 0]
+
+
+def test_arguments_numba_cannot_type_send_no_job() -> None:
+    # A job is compiled for its argument types; where Numba has none, nothing is sent.
+    assert compiled._numba_types((np.zeros(3), object())) is None
+    assert compiled._numba_types((np.zeros(3),)) is not None

@@ -6,9 +6,10 @@ read: whether the default control variate applies, whether the reference search 
 curvature, whether a flat prior needs the identification check. A :class:`LazyFunction` holds
 what it needs to build its graph, builds it the first time it is called, runs it on PyTensor's
 Python linker while the work it has done is small (the set-up's few passes: no compile at all)
-and compiles it once it is used more; the oracles of one model are shared by every step and
-reference search built on it (``docs/architecture.md``, "Model layer"), so each function is
-compiled at most once per process.
+and compiles it once it is used more (a helper process compiles it meanwhile:
+``compile_helper.py``); the oracles of one model are shared by every step and reference search
+built on it (``docs/architecture.md``, "Model layer"), so each function is compiled at most
+once per process.
 """
 
 from __future__ import annotations
@@ -165,11 +166,12 @@ class LazyFunction:
             seconds = self._interpreted_seconds + per_call + per_row * _rows_of(args)
             if max(seconds, expected) <= INTERPRETED_SECONDS:
                 self._interpreted_seconds = seconds
-                if first:
+                types = _numba_types(args) if first else None
+                if types is not None:
                     # Compiled in a helper meanwhile, so that the compile once the budget
                     # is spent loads it from the cache (compile_helper.py).
                     self._compile_job = compile_helper.submit(
-                        self._build, self._compile_kwargs, _numba_types(args)
+                        self._build, self._compile_kwargs, types
                     )
                 # NumPy's floating-point warnings: compiled code gives the same inf and NaN.
                 with np.errstate(all="ignore"):
@@ -338,11 +340,17 @@ def _loops_in_python(node: Any) -> bool:
     return not spec or len(node.inputs) != spec[1]
 
 
-def _numba_types(args: tuple[Any, ...]) -> tuple[Any, ...]:
-    """Return Numba's types of a call's arguments (those its compiled code is built for)."""
+def _numba_types(args: tuple[Any, ...]) -> tuple[Any, ...] | None:
+    """Return Numba's types of a call's arguments (those its compiled code is built for).
+
+    None where Numba cannot type one of them: no helper's job is sent then.
+    """
     from numba import typeof
 
-    return tuple(typeof(arg) for arg in args)
+    try:
+        return tuple(typeof(arg) for arg in args)
+    except (TypeError, ValueError):
+        return None
 
 
 def _rows_of(args: tuple[Any, ...]) -> int:
