@@ -3,8 +3,10 @@
 Deterministic checks, no Monte Carlo: no false failures.
 
 - The helper fills Numba's cache: after its job, the same function compiled here loads its
-  code from the cache (a hit, no miss); without the job the same call misses. Each run uses a
-  graph no cache has seen (a fresh constant in it) on empty caches, in a fresh process.
+  code from the cache (a hit, no miss); without the job the same call misses. A helper ends
+  after its ``JOBS_PER_HELPER`` jobs and the next job starts another, whose job is found there.
+  Each run uses graphs no cache has seen (a fresh constant in each) on empty caches, in a
+  fresh process.
 - A graph holding more than ``MAX_ARRAY_BYTES`` of data is not sent, and starts no helper.
 - ``pm.sample``'s worker processes do not use a helper.
 - A script that sends a job and ends at once leaves no helper running and prints nothing.
@@ -75,33 +77,43 @@ import numpy as np
 from pymc_subsample.model import compile_helper, compiled
 from test_compile_helper import scaled_sum_graph
 
-send = {send}
-builder = partial(scaled_sum_graph, 1.0 + uuid.uuid4().int % 10**6 / 10**7)
+compile_helper.JOBS_PER_HELPER = 1  # a helper per job: the second job starts a second helper
+jobs = {jobs}
 x = np.arange(5.0)
-if send:
-    job = compile_helper.submit(builder, {{}}, compiled._numba_types((x,)))
-    assert job, "not sent"
-    helper = compile_helper._helper
+builders = [
+    partial(scaled_sum_graph, 1.0 + uuid.uuid4().int % 10**6 / 10**7) for _ in range(max(jobs, 1))
+]
+for builder in builders[:jobs]:
+    assert compile_helper.submit(builder, {{}}, compiled._numba_types((x,))), "not sent"
+for job in range(1, jobs + 1):
+    (helper,) = [helper for helper in compile_helper._helpers if helper.owns(job)]
     deadline = time.monotonic() + 300
     while job not in helper.finished | helper.failed and time.monotonic() < deadline:
         assert helper.read(1.0), "the helper ended"
     assert job in helper.finished, "the helper's job failed or did not finish"
-function = compiled.LazyFunction(builder, {{}}).compile()
-function(x)
-stats = function.vm.jit_fn.stats
-print(json.dumps({{
-    "hits": sum(stats.cache_hits.values()), "misses": sum(stats.cache_misses.values())
-}}))
+hits = misses = 0
+for builder in builders:
+    function = compiled.LazyFunction(builder, {{}}).compile()
+    function(x)
+    stats = function.vm.jit_fn.stats
+    hits += sum(stats.cache_hits.values())
+    misses += sum(stats.cache_misses.values())
+print(json.dumps({{"hits": hits, "misses": misses, "helpers": len(compile_helper._helpers)}}))
 """
 
 
 @pytest.mark.skipif(not compile_helper.helper_available(), reason="needs two cores")
-@pytest.mark.parametrize("send", [True, False], ids=["job sent", "no job"])
-def test_the_helpers_job_is_loaded_from_the_cache(tmp_path: Path, send: bool) -> None:
+@pytest.mark.parametrize("jobs", [1, 2, 0], ids=["job sent", "a helper per job", "no job"])
+def test_the_helpers_job_is_loaded_from_the_cache(tmp_path: Path, jobs: int) -> None:
+    # Each job's function, compiled here afterwards, is a cache hit; without a job, a miss.
+    # With one job per helper, the second job goes to a second helper and is found there.
     if not compiled.INTERPRETED_SECONDS:
         pytest.skip("PyTensor 2 compiles every function at its first call: no helper")
-    found, _ = _run(_FILLS_THE_CACHE.format(send=send), tmp_path)
-    assert found == ({"hits": 1, "misses": 0} if send else {"hits": 0, "misses": 1})
+    found, _ = _run(_FILLS_THE_CACHE.format(jobs=jobs), tmp_path)
+    expected = {"hits": jobs, "misses": 0, "helpers": jobs} if jobs else {
+        "hits": 0, "misses": 1, "helpers": 0
+    }  # fmt: skip
+    assert found == expected
 
 
 def test_a_graph_holding_data_is_not_sent(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -139,7 +151,7 @@ from test_compile_helper import scaled_sum_graph
 
 x = np.arange(5.0)
 job = compile_helper.submit(partial(scaled_sum_graph, 2.5), {}, compiled._numba_types((x,)))
-print(json.dumps({"job": job, "pid": compile_helper._helper.process.pid}))
+print(json.dumps({"job": job, "pid": compile_helper._helpers[-1].process.pid}))
 """
 
 

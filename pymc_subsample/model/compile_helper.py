@@ -17,7 +17,9 @@ workers), on at least two cores, with Numba's cache on and outside Windows (its 
 read with ``select``). A job carries the function's graph and never the user's data: a graph
 holding an array of more than :data:`MAX_ARRAY_BYTES` is not sent. The helper is one
 process, started at the first job and stopped at exit; it reads jobs from its standard input
-and reports ``start K``, ``done K`` or ``fail K`` for job ``K`` on its standard output.
+and reports ``start K``, ``done K`` or ``fail K`` for its job ``K`` on its standard output.
+It ends after :data:`JOBS_PER_HELPER` jobs, and the next job starts a new one: a session that
+builds many models does not keep every model's compiled code in one process.
 """
 
 from __future__ import annotations
@@ -44,6 +46,8 @@ __all__ = ["MAX_ARRAY_BYTES", "WAIT_SECONDS", "helper_available", "submit", "wai
 MAX_ARRAY_BYTES = 1 << 20
 #: The longest a compile waits for the helper's job on the same function (seconds).
 WAIT_SECONDS = 120.0
+#: The jobs a helper process runs before it ends (the next job starts another).
+JOBS_PER_HELPER = 16
 _HEADER = struct.Struct("<Q")
 
 
@@ -61,22 +65,26 @@ class _DataFreePickler(pickle.Pickler):
 
 
 class _Helper:
-    """The helper process, its jobs and what it has reported."""
+    """A helper process, its jobs and what it has reported.
 
-    def __init__(self) -> None:
+    Jobs are numbered across this process's helpers: this one's are ``first_job + 1`` on.
+    """
+
+    def __init__(self, first_job: int) -> None:
         package_parent = str(Path(__file__).resolve().parents[2])
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(
             part for part in (package_parent, env.get("PYTHONPATH", "")) if part
         )
         self.process = subprocess.Popen(
-            [sys.executable, "-m", __name__],
+            [sys.executable, "-m", __name__, str(JOBS_PER_HELPER)],
             env=env,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
         )
         self.pid = os.getpid()
+        self.first_job = first_job
         self.jobs = 0
         self.started: set[int] = set()
         self.finished: set[int] = set()
@@ -89,7 +97,11 @@ class _Helper:
         self.process.stdin.write(_HEADER.pack(len(payload)) + payload)
         self.process.stdin.flush()
         self.jobs += 1
-        return self.jobs
+        return self.first_job + self.jobs
+
+    def owns(self, job: int) -> bool:
+        """Whether job ``job`` was sent to this helper, from this process."""
+        return self.pid == os.getpid() and self.first_job < job <= self.first_job + self.jobs
 
     def read(self, timeout: float) -> bool:
         """Read what the helper reported within ``timeout`` seconds; False once it has ended."""
@@ -107,7 +119,7 @@ class _Helper:
             word, _, number = line.decode(errors="replace").partition(" ")
             reports = {"start": self.started, "done": self.finished, "fail": self.failed}
             if number.isdigit() and word in reports:
-                reports[word].add(int(number))
+                reports[word].add(self.first_job + int(number))
         return True
 
     def stop(self) -> None:
@@ -120,7 +132,8 @@ class _Helper:
                 stream.close()
 
 
-_helper: _Helper | None = None
+#: The helpers this process started, the running one last.
+_helpers: list[_Helper] = []
 _unavailable = False
 
 
@@ -139,25 +152,32 @@ def helper_available() -> bool:
 
 
 def _running_helper() -> _Helper | None:
-    """Return this process's helper, starting it at the first job."""
-    global _helper, _unavailable
-    if _helper is not None and _helper.pid == os.getpid() and _helper.process.poll() is None:
-        return _helper
-    if _helper is not None or not helper_available():
+    """Return this process's helper, starting one at the first job and after a full one.
+
+    A helper that ended before its :data:`JOBS_PER_HELPER` jobs failed: none is started again.
+    """
+    global _unavailable
+    current = _helpers[-1] if _helpers and _helpers[-1].pid == os.getpid() else None
+    if current is not None and current.jobs < JOBS_PER_HELPER:
+        return current if current.process.poll() is None else None
+    if not helper_available():
         return None
     try:
-        _helper = _Helper()
+        helper = _Helper(0 if current is None else current.first_job + current.jobs)
     except OSError:
         _unavailable = True
         return None
-    atexit.register(_stop_helper)
-    return _helper
+    if current is None:
+        atexit.register(_stop_helpers)
+    _helpers.append(helper)
+    return helper
 
 
-def _stop_helper() -> None:
-    """Stop the helper at exit (a script that ends does not wait for its jobs)."""
-    if _helper is not None and _helper.pid == os.getpid():
-        _helper.stop()
+def _stop_helpers() -> None:
+    """Stop the helpers at exit (a script that ends does not wait for their jobs)."""
+    for helper in _helpers:
+        if helper.pid == os.getpid():
+            helper.stop()
 
 
 def submit(builder: Any, compile_kwargs: dict[str, Any], argument_types: tuple[Any, ...]) -> int:
@@ -196,8 +216,8 @@ def wait_for(job: int, timeout: float = WAIT_SECONDS) -> None:
     A job not started yet is left to the helper's queue: this process compiles the function
     itself, and the helper later finds it in the cache.
     """
-    helper = _helper
-    if not job or helper is None or helper.pid != os.getpid():
+    helper = next((helper for helper in _helpers if job and helper.owns(job)), None)
+    if helper is None:
         return
     deadline = time.monotonic() + timeout
     while helper.read(0.0) and job not in helper.finished | helper.failed:
@@ -229,13 +249,14 @@ def _compile_job(payload: bytes) -> None:
     jit_function.compile((types.BaseTuple.from_types((*argument_types, *implicit)),))
 
 
-def _serve() -> None:
-    """Run jobs from standard input until it closes."""
+def _serve(jobs: int) -> None:
+    """Run jobs from standard input until it closes or ``jobs`` have run."""
     source, report = sys.stdin.buffer, sys.stdout
-    number = 0
-    while header := source.read(_HEADER.size):
+    for number in range(1, jobs + 1):
+        header = source.read(_HEADER.size)
+        if not header:
+            return
         payload = source.read(_HEADER.unpack(header)[0])
-        number += 1
         print(f"start {number}", file=report, flush=True)
         try:
             _compile_job(payload)
@@ -246,4 +267,4 @@ def _serve() -> None:
 
 
 if __name__ == "__main__":
-    _serve()
+    _serve(int(sys.argv[1]))
