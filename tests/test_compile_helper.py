@@ -9,7 +9,8 @@ Deterministic checks, no Monte Carlo: no false failures.
   fresh process.
 - A graph holding more than ``MAX_ARRAY_BYTES`` of data is not sent, and starts no helper.
 - ``pm.sample``'s worker processes do not use a helper.
-- A script that sends a job and ends at once leaves no helper running and prints nothing.
+- A script that sends a job and ends at once leaves no helper running, no job file, and
+  prints nothing.
 - Nothing the step computes depends on the helper: a function switches from the Python linker
   to compiled code at the same call whether a job was sent or not (the Python linker's and
   Numba's sums can differ in their last bits, so a switch that moved with the helper would
@@ -151,7 +152,8 @@ from test_compile_helper import scaled_sum_graph
 
 x = np.arange(5.0)
 job = compile_helper.submit(partial(scaled_sum_graph, 2.5), {}, compiled._numba_types((x,)))
-print(json.dumps({"job": job, "pid": compile_helper._helpers[-1].process.pid}))
+helper = compile_helper._helpers[-1]
+print(json.dumps({"job": job, "pid": helper.process.pid, "file": helper._files[0]}))
 """
 
 
@@ -162,6 +164,7 @@ def test_a_script_that_ends_at_once_stops_the_helper_and_says_nothing(tmp_path: 
     assert stderr == ""
     with pytest.raises(ProcessLookupError):
         os.kill(found["pid"], 0)
+    assert not Path(found["file"]).exists()  # the job's graph, read or not, is removed
 
 
 def test_the_switch_to_compiled_code_does_not_depend_on_the_helper(

@@ -18,6 +18,8 @@ read with ``select``). A job carries the function's graph and never the user's d
 holding an array of more than :data:`MAX_ARRAY_BYTES` is not sent. The helper is one
 process, started at the first job and stopped at exit; it reads jobs from its standard input
 and reports ``start K``, ``done K`` or ``fail K`` for its job ``K`` on its standard output.
+A job's graph travels in a temporary file, its path through the pipe: a write into the pipe
+never waits for a helper busy compiling.
 It ends after :data:`JOBS_PER_HELPER` jobs, and the next job starts a new one: a session that
 builds many models does not keep every model's compiled code in one process.
 """
@@ -33,6 +35,7 @@ import select
 import struct
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -90,11 +93,17 @@ class _Helper:
         self.finished: set[int] = set()
         self.failed: set[int] = set()
         self._pending = b""
+        self._files: list[str] = []
 
     def send(self, payload: bytes) -> int:
-        """Send one job; return its number."""
+        """Send one job (its graph in a temporary file, the file's path in the pipe)."""
         assert self.process.stdin is not None
-        self.process.stdin.write(_HEADER.pack(len(payload)) + payload)
+        handle, path = tempfile.mkstemp(prefix="pymc_subsample_job_", suffix=".pkl")
+        self._files.append(path)
+        with os.fdopen(handle, "wb") as file:
+            file.write(payload)
+        name = path.encode()
+        self.process.stdin.write(_HEADER.pack(len(name)) + name)
         self.process.stdin.flush()
         self.jobs += 1
         return self.first_job + self.jobs
@@ -130,6 +139,8 @@ class _Helper:
         for stream in (self.process.stdin, self.process.stdout):
             if stream is not None:
                 stream.close()
+        for path in self._files:  # the jobs it had not read
+            Path(path).unlink(missing_ok=True)
 
 
 #: The helpers this process started, the running one last.
@@ -256,9 +267,11 @@ def _serve(jobs: int) -> None:
         header = source.read(_HEADER.size)
         if not header:
             return
-        payload = source.read(_HEADER.unpack(header)[0])
+        path = Path(source.read(_HEADER.unpack(header)[0]).decode())
         print(f"start {number}", file=report, flush=True)
         try:
+            payload = path.read_bytes()
+            path.unlink()
             _compile_job(payload)
         except Exception:  # the step compiles the function itself
             print(f"fail {number}", file=report, flush=True)
