@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from pymc_subsample import helper_processes
+from pymc_subsample.helper_processes import available_cores
 from pymc_subsample.kernels import warm_up
 
 REPOSITORY = Path(__file__).resolve().parents[1]
@@ -111,7 +113,7 @@ print(json.dumps({"cached_before": cached_before, "started": started,
 """
 
 
-@pytest.mark.skipif(warm_up._cores() < 2, reason="the helper runs only with two cores or more")
+@pytest.mark.skipif(available_cores() < 2, reason="the helper runs only with two cores or more")
 def test_the_helper_fills_the_cache_this_process_then_loads(tmp_path):
     first = _run(_HELPER_THEN_LOAD, tmp_path)
     assert first == {
@@ -134,10 +136,10 @@ def test_no_helper_on_one_core_or_for_modules_already_asked_for(monkeypatch):
     monkeypatch.setattr(
         warm_up.subprocess, "Popen", lambda arguments, **_: started.append(arguments[2:])
     )
-    monkeypatch.setattr(warm_up, "_cores", lambda: 1)
+    monkeypatch.setattr(helper_processes, "available_cores", lambda: 1)
     warm_up.start_kernel_warm_up(["fused"])
     assert started == []
-    monkeypatch.setattr(warm_up, "_cores", lambda: 2)
+    monkeypatch.setattr(helper_processes, "available_cores", lambda: 2)
     warm_up.start_kernel_warm_up(["fused"])  # asked for once already
     warm_up.start_kernel_warm_up(["fused", "group_newton"])
     assert started == [["group_newton"]]

@@ -129,13 +129,6 @@ def kernels_cached(modules: Sequence[str]) -> bool:
     return True
 
 
-def _cores() -> int:
-    """Count the cores this process may run on."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
-
-
 def start_kernel_warm_up(modules: Sequence[str]) -> None:
     """Start a helper process compiling the kernels of ``modules``, where it helps.
 
@@ -149,17 +142,16 @@ def start_kernel_warm_up(modules: Sequence[str]) -> None:
         return
     from numba.core import config
 
-    if getattr(config, "DISABLE_JIT", False) or _cores() < 2 or kernels_cached(wanted):
+    # Here, not at the top: run as the helper, this file imports the kernels only
+    # (_import_kernels_only), and the package's __init__ would import PyMC.
+    from pymc_subsample.helper_processes import available_cores, helper_environment
+
+    if getattr(config, "DISABLE_JIT", False) or available_cores() < 2 or kernels_cached(wanted):
         return
-    package_parent = str(Path(__file__).resolve().parents[2])
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(
-        part for part in (package_parent, env.get("PYTHONPATH", "")) if part
-    )
     try:
         helper = subprocess.Popen(
             [sys.executable, str(Path(__file__).resolve()), *wanted],
-            env=env,
+            env=helper_environment(),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -175,14 +167,12 @@ def _stop_helpers() -> None:
     """Stop the helpers still compiling, at exit, and reap them.
 
     A script that builds a step and ends does not wait for them, and leaves no process
-    behind. Numba writes each cache file whole, under a temporary name first, so a stopped
-    helper leaves none half written.
+    behind.
     """
+    from pymc_subsample.helper_processes import stop_process
+
     while _helpers:
-        helper = _helpers.pop()
-        if helper.poll() is None:
-            helper.kill()
-        helper.wait()
+        stop_process(_helpers.pop())
 
 
 def wait_for_kernel_warm_up(timeout: float = WAIT_SECONDS) -> None:

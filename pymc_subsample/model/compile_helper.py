@@ -42,6 +42,8 @@ from typing import Any
 
 import numpy as np
 
+from pymc_subsample.helper_processes import available_cores, helper_environment, stop_process
+
 __all__ = ["MAX_ARRAY_BYTES", "WAIT_SECONDS", "helper_available", "submit", "wait_for"]
 
 #: The largest array a job's graph may hold (constants and shared values): a graph over the
@@ -74,14 +76,9 @@ class _Helper:
     """
 
     def __init__(self, first_job: int) -> None:
-        package_parent = str(Path(__file__).resolve().parents[2])
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(
-            part for part in (package_parent, env.get("PYTHONPATH", "")) if part
-        )
         self.process = subprocess.Popen(
             [sys.executable, "-m", __name__, str(JOBS_PER_HELPER)],
-            env=env,
+            env=helper_environment(),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
@@ -124,18 +121,16 @@ class _Helper:
             return False
         lines = (self._pending + chunk).split(b"\n")
         self._pending = lines.pop()
+        reports = {"start": self.started, "done": self.finished, "fail": self.failed}
         for line in lines:
             word, _, number = line.decode(errors="replace").partition(" ")
-            reports = {"start": self.started, "done": self.finished, "fail": self.failed}
             if number.isdigit() and word in reports:
                 reports[word].add(self.first_job + int(number))
         return True
 
     def stop(self) -> None:
         """Stop the helper and reap it."""
-        if self.process.poll() is None:
-            self.process.kill()
-        self.process.wait()
+        stop_process(self.process)
         for stream in (self.process.stdin, self.process.stdout):
             if stream is not None:
                 stream.close()
@@ -157,9 +152,7 @@ def helper_available() -> bool:
 
     if getattr(numba_config, "DISABLE_JIT", False) or not getattr(config, "numba__cache", True):
         return False
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0)) >= 2
-    return (os.cpu_count() or 1) >= 2
+    return available_cores() >= 2
 
 
 def _running_helper() -> _Helper | None:
@@ -231,11 +224,11 @@ def wait_for(job: int, timeout: float = WAIT_SECONDS) -> None:
     if helper is None:
         return
     deadline = time.monotonic() + timeout
-    while helper.read(0.0) and job not in helper.finished | helper.failed:
+    wait = 0.0  # first read what has come, then wait for more while the job runs
+    while helper.read(wait) and job not in helper.finished | helper.failed:
         if job not in helper.started or time.monotonic() >= deadline:
             return
-        if not helper.read(min(deadline - time.monotonic(), 1.0)):
-            return
+        wait = min(deadline - time.monotonic(), 1.0)
 
 
 def _compile_job(payload: bytes) -> None:
