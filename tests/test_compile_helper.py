@@ -85,7 +85,12 @@ builders = [
     partial(scaled_sum_graph, 1.0 + uuid.uuid4().int % 10**6 / 10**7) for _ in range(max(jobs, 1))
 ]
 for builder in builders[:jobs]:
-    assert compile_helper.submit(builder, {{}}, compiled._numba_types((x,))), "not sent"
+    if {prefetch}:  # types from the graph's inputs: a C-contiguous float64 vector
+        function = compiled.LazyFunction(builder, {{}})
+        function.prefetch()
+        assert function._compile_job, "not sent"
+    else:
+        assert compile_helper.submit(builder, {{}}, compiled._numba_types((x,))), "not sent"
 for job in range(1, jobs + 1):
     (helper,) = [helper for helper in compile_helper._helpers if helper.owns(job)]
     deadline = time.monotonic() + 300
@@ -104,17 +109,61 @@ print(json.dumps({{"hits": hits, "misses": misses, "helpers": len(compile_helper
 
 
 @pytest.mark.skipif(not compile_helper.helper_available(), reason="needs two cores")
-@pytest.mark.parametrize("jobs", [1, 2, 0], ids=["job sent", "a helper per job", "no job"])
-def test_the_helpers_job_is_loaded_from_the_cache(tmp_path: Path, jobs: int) -> None:
+@pytest.mark.parametrize(
+    ("jobs", "prefetch"),
+    [(1, False), (2, False), (0, False), (1, True)],
+    ids=["job sent", "a helper per job", "no job", "prefetched"],
+)
+def test_the_helpers_job_is_loaded_from_the_cache(
+    tmp_path: Path, jobs: int, prefetch: bool
+) -> None:
     # Each job's function, compiled here afterwards, is a cache hit; without a job, a miss.
     # With one job per helper, the second job goes to a second helper and is found there.
+    # A prefetched function (the draws' functions, sent before their first call) is compiled
+    # for C-contiguous arrays of its inputs' types, which its call here passes: a hit.
     if not compiled.INTERPRETED_SECONDS:
         pytest.skip("PyTensor 2 compiles every function at its first call: no helper")
-    found, _ = _run(_FILLS_THE_CACHE.format(jobs=jobs), tmp_path)
+    found, _ = _run(_FILLS_THE_CACHE.format(jobs=jobs, prefetch=prefetch), tmp_path)
     expected = {"hits": jobs, "misses": 0, "helpers": jobs} if jobs else {
         "hits": 0, "misses": 1, "helpers": 0
     }  # fmt: skip
     assert found == expected
+
+
+_WITHDRAWS = """
+import json, time, uuid
+from functools import partial
+from pathlib import Path
+import numpy as np
+from pymc_subsample.model import compile_helper, compiled
+from test_compile_helper import scaled_sum_graph
+
+x = np.arange(5.0)
+types = compiled._numba_types((x,))
+scales = [1.0 + uuid.uuid4().int % 10**6 / 10**7 for _ in range(2)]
+first, second = (
+    compile_helper.submit(partial(scaled_sum_graph, scale), {{}}, types) for scale in scales
+)
+(helper,) = compile_helper._helpers
+helper.read(0.0)
+started = second in helper.started  # the helper is still importing, or compiling the first
+compile_helper.wait_for(second)  # this process compiles it: the queued job is withdrawn
+gone = not Path(helper._files[1]).exists()
+deadline = time.monotonic() + 300
+while not {{first, second}} <= helper.finished | helper.failed and time.monotonic() < deadline:
+    assert helper.read(1.0), "the helper ended"
+print(json.dumps({{"started": started, "gone": gone, "first": first in helper.finished,
+                  "second": second in helper.failed}}))
+"""
+
+
+@pytest.mark.skipif(not compile_helper.helper_available(), reason="needs two cores")
+def test_a_job_not_started_is_withdrawn_when_this_process_compiles_it(tmp_path: Path) -> None:
+    # Two jobs queued; this process compiles the second before the helper reaches it: its file
+    # is removed at once and the helper skips it (reported failed) instead of compiling the
+    # same code again; the first job is compiled. Caught if wait_for left the queued job.
+    found, _ = _run(_WITHDRAWS.format(), tmp_path)
+    assert found == {"started": False, "gone": True, "first": True, "second": True}
 
 
 def test_a_graph_holding_data_is_not_sent(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -175,6 +224,7 @@ def test_the_switch_to_compiled_code_does_not_depend_on_the_helper(
     # waits for that job first (caught if it did not ask).
     monkeypatch.setattr(compiled, "_interpreted_cost", lambda function: (1.0, 0.0))
     monkeypatch.setattr(compiled, "INTERPRETED_SECONDS", 4.0)
+    monkeypatch.setattr(compiled, "COLD_COMPILE_SECONDS_PER_NODE", 0.0)
     waited: list[int] = []
     monkeypatch.setattr(compile_helper, "wait_for", lambda job, *timeout: waited.append(job))
     x = np.arange(5.0)
@@ -189,6 +239,33 @@ def test_the_switch_to_compiled_code_does_not_depend_on_the_helper(
         switches.append(calls)
     assert switches == [5, 5]
     assert waited == [7, 0]
+
+
+def test_a_job_is_sent_once_half_the_budget_is_spent(monkeypatch: pytest.MonkeyPatch) -> None:
+    # One estimated second per call and a budget of four: the job goes at the second call,
+    # and a function called once (a quarter of its budget) sends none (caught if sent at the
+    # first call, which gives [1], or never).
+    monkeypatch.setattr(compiled, "_interpreted_cost", lambda function: (1.0, 0.0))
+    monkeypatch.setattr(compiled, "INTERPRETED_SECONDS", 4.0)
+    monkeypatch.setattr(compiled, "COLD_COMPILE_SECONDS_PER_NODE", 0.0)
+    calls = [0]
+    sent: list[int] = []
+
+    def submit(*arguments: Any) -> int:
+        sent.append(calls[0])
+        return 7
+
+    monkeypatch.setattr(compile_helper, "submit", submit)
+    x = np.arange(5.0)
+    once = compiled.LazyFunction(partial(scaled_sum_graph, 0.5), {}, interpreted_first=True)
+    calls[0] = 1
+    once(x)
+    assert sent == []
+    more = compiled.LazyFunction(partial(scaled_sum_graph, 0.5), {}, interpreted_first=True)
+    for call in range(1, 5):
+        calls[0] = call
+        more(x)
+    assert sent == [2]
 
 
 def test_arguments_numba_cannot_type_send_no_job() -> None:

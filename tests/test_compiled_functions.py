@@ -2,7 +2,8 @@
 
 ``model/compiled.py``: a set-up :class:`LazyFunction` (``interpreted_first``) runs on
 PyTensor's Python linker until its estimated time there (from its graph, per call and per
-row) would pass ``INTERPRETED_SECONDS`` (2 s on PyTensor 3, 0 on PyTensor 2), then is compiled;
+row) would pass its budget (``INTERPRETED_SECONDS``, 2 s on PyTensor 3 and 0 on PyTensor 2, or
+for a large graph ``COLD_COMPILE_SHARE`` of its estimated cold compile), then is compiled;
 the others compile at their first call.
 ``model/numba_special.py``: the trigamma function, which PyTensor's Numba backend
 otherwise runs in object mode (uncacheable: a Student-t step compiled its search graph in every
@@ -36,6 +37,7 @@ def test_a_function_is_interpreted_until_its_estimated_time_would_pass_the_budge
     # (caught if the switch came early, late, or never, or if the two gave different values).
     monkeypatch.setattr(compiled, "_interpreted_cost", lambda function: (1.0, 0.0))
     monkeypatch.setattr(compiled, "INTERPRETED_SECONDS", 4.0)
+    monkeypatch.setattr(compiled, "COLD_COMPILE_SECONDS_PER_NODE", 0.0)
     function = LazyFunction(_softplus_rows, {}, interpreted_first=True)
     rng = np.random.default_rng(0)
     q = rng.normal(size=2)
@@ -51,10 +53,32 @@ def test_a_function_is_interpreted_until_its_estimated_time_would_pass_the_budge
             np.testing.assert_allclose(left, right, rtol=1e-12)
 
 
+def test_a_large_graph_runs_interpreted_for_its_share_of_a_cold_compile(monkeypatch):
+    # One estimated second per call and a budget of one; the graph's estimated cold compile
+    # is set to eight seconds, half of which it may spend interpreted: compiled at the fifth
+    # call, against the second without that estimate (caught if the budget ignored the
+    # graph's size, or used all of its compile).
+    monkeypatch.setattr(compiled, "_interpreted_cost", lambda function: (1.0, 0.0))
+    monkeypatch.setattr(compiled, "INTERPRETED_SECONDS", 1.0)
+    nodes = len(LazyFunction(_softplus_rows, {})._interpret().maker.fgraph.apply_nodes)
+    switches = []
+    for per_node in (8.0 / nodes, 0.0):
+        monkeypatch.setattr(compiled, "COLD_COMPILE_SECONDS_PER_NODE", per_node)
+        function = LazyFunction(_softplus_rows, {}, interpreted_first=True)
+        calls = 0
+        while not function.compiled:
+            function(np.zeros(2), np.zeros((3, 2)))
+            calls += 1
+        switches.append(calls)
+    assert compiled.COLD_COMPILE_SHARE == 0.5
+    assert switches == [5, 2]
+
+
 def test_a_long_first_call_is_compiled(monkeypatch):
     # 1e-3 s per row: 100 rows are over a budget of 0.05 s, 10 rows are not.
     monkeypatch.setattr(compiled, "_interpreted_cost", lambda function: (0.0, 1e-3))
     monkeypatch.setattr(compiled, "INTERPRETED_SECONDS", 0.05)
+    monkeypatch.setattr(compiled, "COLD_COMPILE_SECONDS_PER_NODE", 0.0)
     short = LazyFunction(_softplus_rows, {}, interpreted_first=True)
     short(np.zeros(2), np.zeros((10, 2)))
     assert not short.compiled
@@ -68,6 +92,7 @@ def test_a_function_expected_to_read_many_rows_compiles_at_its_first_call(monkey
     # read 100 rows in all compiles at once; one expected to read 40 stays interpreted.
     monkeypatch.setattr(compiled, "_interpreted_cost", lambda function: (0.0, 1e-3))
     monkeypatch.setattr(compiled, "INTERPRETED_SECONDS", 0.05)
+    monkeypatch.setattr(compiled, "COLD_COMPILE_SECONDS_PER_NODE", 0.0)
     many = LazyFunction(_softplus_rows, {}, interpreted_first=True)
     many.expect_rows(100)
     many(np.zeros(2), np.zeros((10, 2)))
@@ -102,6 +127,7 @@ def test_the_tier_is_on_only_on_pytensor_3():
 
 def test_elementwise_python_loops_cost_more_per_row(monkeypatch):
     monkeypatch.setattr(compiled, "INTERPRETED_SECONDS", 3.0)
+    monkeypatch.setattr(compiled, "COLD_COMPILE_SECONDS_PER_NODE", 0.0)
 
     # log1mexp has no NumPy ufunc (nfunc_spec): the Python linker calls it once per element.
     def log1mexp_rows() -> tuple[list, list]:
@@ -170,6 +196,7 @@ def test_a_draw_function_compiles_at_its_first_call():
 
 def test_numba_kernels_are_compiled(monkeypatch):
     monkeypatch.setattr(compiled, "INTERPRETED_SECONDS", 3.0)
+    monkeypatch.setattr(compiled, "COLD_COMPILE_SECONDS_PER_NODE", 0.0)
     function = LazyFunction(_softplus_rows, {}, interpreted_first=True)
     function(np.zeros(2), np.zeros((3, 2)))
     assert not function.compiled

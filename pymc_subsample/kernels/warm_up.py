@@ -129,17 +129,18 @@ def kernels_cached(modules: Sequence[str]) -> bool:
     return True
 
 
-def start_kernel_warm_up(modules: Sequence[str]) -> None:
+def start_kernel_warm_up(modules: Sequence[str]) -> bool:
     """Start a helper process compiling the kernels of ``modules``, where it helps.
 
     ``modules`` name entries of :data:`KERNEL_SIGNATURES` (a step's ``warm_kernels``). Each
     module is asked for once per process; a helper starts only for modules whose kernels
     are not cached yet, with Numba's cache on and at least two cores for this process.
+    Returns whether one started (a first build on this machine).
     """
     wanted = [name for name in modules if name not in _requested]
     _requested.update(wanted)
     if not wanted:
-        return
+        return False
     from numba.core import config
 
     # Here, not at the top: run as the helper, this file imports the kernels only
@@ -147,7 +148,7 @@ def start_kernel_warm_up(modules: Sequence[str]) -> None:
     from pymc_subsample.helper_processes import available_cores, helper_environment
 
     if getattr(config, "DISABLE_JIT", False) or available_cores() < 2 or kernels_cached(wanted):
-        return
+        return False
     try:
         helper = subprocess.Popen(
             [sys.executable, str(Path(__file__).resolve()), *wanted],
@@ -157,10 +158,11 @@ def start_kernel_warm_up(modules: Sequence[str]) -> None:
             stderr=subprocess.DEVNULL,
         )
     except OSError:
-        return
+        return False
     if not _helpers:
         atexit.register(_stop_helpers)
     _helpers.append(helper)
+    return True
 
 
 def _stop_helpers() -> None:

@@ -1,23 +1,28 @@
-"""Compile the set-up's PyTensor functions into Numba's cache in a helper process.
+"""Compile a step's PyTensor functions into Numba's cache in a helper process.
 
 A set-up function (``compiled.LazyFunction`` with ``interpreted_first``: the reference search's
 graphs, the full-data sums, a hierarchy's per-row derivatives) runs on PyTensor's Python linker
 until its estimated time there passes a budget, and is then compiled (``docs/architecture.md``,
 "Model layer"). With a cold Numba cache that compile costs 5-20 s, paid in the middle of the
-set-up or of tuning. :func:`submit` sends such a function, at its first interpreted call, to a
+set-up or of tuning. :func:`submit` sends such a function, once half its budget is spent, to a
 helper process that compiles it for the argument types of that call into PyTensor's Numba
 cache, on another core, while this process goes on interpreting it; when the budget is spent,
-:func:`wait_for` lets the compile here load the helper's code from the cache.
+:func:`wait_for` lets the compile here load the helper's code from the cache. The functions the
+draws call from Numba code (the fused draw's, the group sweep's) are sent before the set-up
+reaches them (``LazyFunction.prefetch``), for C-contiguous arrays of their inputs' types.
 
 Nothing the step computes depends on the helper: when a function switches from the Python
 linker to compiled code is decided by the estimate alone, and the compiled code is the same
 whichever process compiled it. Where the helper cannot help or fails, this process compiles as
-it did before. It runs only in the process that builds a step (not in ``pm.sample``'s
-workers), on at least two cores, with Numba's cache on and outside Windows (its pipes are
-read with ``select``). A job carries the function's graph and never the user's data: a graph
-holding an array of more than :data:`MAX_ARRAY_BYTES` is not sent. The helper is one
-process, started at the first job and stopped at exit; it reads jobs from its standard input
-and reports ``start K``, ``done K`` or ``fail K`` for its job ``K`` on its standard output.
+it did before; a job the helper has not started when this process needs the function is
+withdrawn (its file removed, the helper skips it) rather than compiled twice. It runs only in
+the process that builds a step (not in ``pm.sample``'s workers), on at least two cores, with
+Numba's cache on and outside Windows (its pipes are read with ``select``). A job carries the
+function's graph and never the user's data: a graph holding an array of more than
+:data:`MAX_ARRAY_BYTES` is not sent. The helper is one process, started at the first job (or
+by :func:`start_helper`, at the start of a first build on a machine, so that it has imported
+PyTensor by then) and stopped at exit; it reads jobs from its standard input and reports
+``start K``, ``done K`` or ``fail K`` for its job ``K`` on its standard output.
 A job's graph travels in a temporary file, its path through the pipe: a write into the pipe
 never waits for a helper busy compiling.
 It ends after :data:`JOBS_PER_HELPER` jobs, and the next job starts a new one: a session that
@@ -44,7 +49,14 @@ import numpy as np
 
 from pymc_subsample.helper_processes import available_cores, helper_environment, stop_process
 
-__all__ = ["MAX_ARRAY_BYTES", "WAIT_SECONDS", "helper_available", "submit", "wait_for"]
+__all__ = [
+    "MAX_ARRAY_BYTES",
+    "WAIT_SECONDS",
+    "helper_available",
+    "start_helper",
+    "submit",
+    "wait_for",
+]
 
 #: The largest array a job's graph may hold (constants and shared values): a graph over the
 #: user's data as a shared variable is compiled here, never copied into the helper.
@@ -128,6 +140,10 @@ class _Helper:
                 reports[word].add(self.first_job + int(number))
         return True
 
+    def withdraw(self, job: int) -> None:
+        """Remove job ``job``'s file, so that the helper skips it (reported as failed)."""
+        Path(self._files[job - self.first_job - 1]).unlink(missing_ok=True)
+
     def stop(self) -> None:
         """Stop the helper and reap it."""
         stop_process(self.process)
@@ -184,7 +200,18 @@ def _stop_helpers() -> None:
             helper.stop()
 
 
-def submit(builder: Any, compile_kwargs: dict[str, Any], argument_types: tuple[Any, ...]) -> int:
+def start_helper() -> None:
+    """Start the helper now, if one may run and none does, ahead of its first job.
+
+    A helper takes a second or two to import PyTensor; a step that will send jobs soon
+    (a first build on this machine) starts it while it builds its oracles.
+    """
+    _running_helper()
+
+
+def submit(
+    builder: Any, compile_kwargs: dict[str, Any], argument_types: tuple[Any, ...] | None
+) -> int:
     """Send a function to the helper; return the job's number, 0 if not sent.
 
     Parameters
@@ -193,8 +220,9 @@ def submit(builder: Any, compile_kwargs: dict[str, Any], argument_types: tuple[A
         The function's picklable graph builder (``LazyFunction``'s).
     compile_kwargs : dict
         Its compile arguments.
-    argument_types : tuple of numba types
-        Numba's types of the explicit arguments it will be called with.
+    argument_types : tuple of numba types or None
+        Numba's types of the explicit arguments it will be called with; None for
+        C-contiguous arrays of its inputs' types (``LazyFunction.compile_numba``).
     """
     if not helper_available():
         return 0
@@ -215,10 +243,10 @@ def submit(builder: Any, compile_kwargs: dict[str, Any], argument_types: tuple[A
 
 
 def wait_for(job: int, timeout: float = WAIT_SECONDS) -> None:
-    """Wait while the helper compiles job ``job``; return at once if it has not started it.
+    """Wait while the helper compiles job ``job``; withdraw it if it has not started it.
 
-    A job not started yet is left to the helper's queue: this process compiles the function
-    itself, and the helper later finds it in the cache.
+    This process then compiles the function itself; a withdrawn job's file is removed, and
+    the helper, finding none, goes on to its next job instead of compiling the same code.
     """
     helper = next((helper for helper in _helpers if job and helper.owns(job)), None)
     if helper is None:
@@ -226,31 +254,20 @@ def wait_for(job: int, timeout: float = WAIT_SECONDS) -> None:
     deadline = time.monotonic() + timeout
     wait = 0.0  # first read what has come, then wait for more while the job runs
     while helper.read(wait) and job not in helper.finished | helper.failed:
-        if job not in helper.started or time.monotonic() >= deadline:
+        if job not in helper.started:
+            helper.withdraw(job)
+            return
+        if time.monotonic() >= deadline:
             return
         wait = min(deadline - time.monotonic(), 1.0)
 
 
 def _compile_job(payload: bytes) -> None:
     """Compile one job's function and its Numba code for the job's argument types."""
-    from numba import typeof
-    from numba.core import types
-
     from pymc_subsample.model.compiled import LazyFunction
 
     builder, compile_kwargs, argument_types = pickle.loads(payload)
-    function: Any = LazyFunction(builder, compile_kwargs).compile()
-    jit_function = getattr(function.vm, "jit_fn", None)
-    if jit_function is None:
-        return
-    implicit = [
-        typeof(container.storage[0])
-        for container, spec in zip(function.input_storage, function.maker.inputs, strict=True)
-        if spec.implicit
-    ]
-    # PyTensor's Numba function takes its inputs as ``*args``, which Numba types as one tuple
-    # (the signature a call from PyTensor's thunk compiles).
-    jit_function.compile((types.BaseTuple.from_types((*argument_types, *implicit)),))
+    LazyFunction(builder, compile_kwargs).compile_numba(argument_types)
 
 
 def _serve(jobs: int) -> None:

@@ -19,7 +19,7 @@ import hashlib
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pytensor
@@ -65,12 +65,22 @@ SECONDS_PER_PYTHON_LOOP_ROW = 5e-7
 #: The rows a set-up function reads while a step is built, in passes over the data: the
 #: reference search reads its data two to three times (2.4 and 2.8 passes on 1e6 rows).
 SETUP_PASSES = 3
-#: Estimated seconds a function runs on PyTensor's Python linker before it is compiled: the
-#: seconds compiling one of these graphs costs on a warm cache, a tenth of a cold one. On
-#: PyTensor 2 (PyMC 5) 0: every function compiles at its first call. Its Python linker runs
-#: more elementwise nodes as a Python call per element (a ``mul`` of three inputs is
-#: ``np.prod`` per element), and a memory-mapped search pass ran for minutes there.
+#: Estimated seconds a function runs on PyTensor's Python linker before it is compiled, at
+#: least: the seconds compiling one of these graphs costs on a warm cache. On PyTensor 2
+#: (PyMC 5) 0: every function compiles at its first call. Its Python linker runs more
+#: elementwise nodes as a Python call per element (a ``mul`` of three inputs is ``np.prod``
+#: per element), and a memory-mapped search pass ran for minutes there.
 INTERPRETED_SECONDS = 2.0 if int(pytensor.__version__.split(".")[0]) >= 3 else 0.0
+#: Seconds a cold Numba cache takes to compile a graph, per node of its uncompiled (Python
+#: linker) form: a hierarchy's per-row derivatives (154 nodes) took 10.3 s, a Student-t
+#: regression's search graph (256 nodes) 16.4 s, on 2 cores.
+COLD_COMPILE_SECONDS_PER_NODE = 0.065
+#: A large graph runs interpreted for up to this share of its estimated cold compile, when that
+#: is more than ``INTERPRETED_SECONDS``: the rent-or-buy rule with the price of buying, so that
+#: the set-up's few passes through a large graph never compile it (on 1e6 rows, 13 passes
+#: through the per-row derivatives, 2.5 s, against a 10 s compile), while a graph used on
+#: every draw is compiled after at most this share of that price is spent interpreting it.
+COLD_COMPILE_SHARE = 0.5
 
 
 class LazyFunction:
@@ -83,9 +93,11 @@ class LazyFunction:
     NumPy operation over the rows) and is compiled once the time it has run that way, as
     estimated from its graph (``SECONDS_PER_NODE_CALL`` per node and call, and per row
     ``SECONDS_PER_NODE_ROW`` for each node or ``SECONDS_PER_PYTHON_LOOP_ROW`` for an
-    elementwise node NumPy loops over in Python), would pass ``INTERPRETED_SECONDS``. The
-    estimate depends only on the graph and the calls before, never on a clock, so a seed gives
-    the same draws in every run. The functions of a draw are
+    elementwise node NumPy loops over in Python), would pass its budget:
+    ``INTERPRETED_SECONDS``, or for a large graph ``COLD_COMPILE_SHARE`` of its estimated cold
+    compile (``COLD_COMPILE_SECONDS_PER_NODE`` per node). The estimate and the budget depend
+    only on the graph and the calls before, never on a clock or on what a cache holds, so a
+    seed gives the same draws in every run. The functions of a draw are
     compiled at their first call: they are called thousands of times, and most are also
     Numba kernels (:meth:`numba_kernel`), which are always compiled.
 
@@ -100,6 +112,7 @@ class LazyFunction:
     """
 
     __slots__ = (
+        "_budget",
         "_build",
         "_compile_job",
         "_compile_kwargs",
@@ -124,8 +137,10 @@ class LazyFunction:
         self._interpreted: Callable[..., Any] | None = None
         # Estimated seconds per call and per row on the Python linker, known once it is built.
         self._interpreted_cost: tuple[float, float] | None = None
-        # A function compiled at once is one whose interpreted time is already spent.
-        self._interpreted_seconds = 0.0 if interpreted_first else INTERPRETED_SECONDS
+        # Estimated seconds run on the Python linker so far, and the most it may run there
+        # (0 for a function compiled at once; set from the graph's size once it is built).
+        self._interpreted_seconds = 0.0
+        self._budget = INTERPRETED_SECONDS if interpreted_first else 0.0
         self._numba_function: Callable[..., Any] | None = None
         # Rows the set-up is expected to read through this function (expect_rows).
         self._expected_rows = 0
@@ -135,8 +150,8 @@ class LazyFunction:
     def expect_rows(self, rows: int) -> None:
         """Say how many rows the set-up will read through this function, in all.
 
-        A set-up function whose estimated interpreted time for these rows would pass
-        ``INTERPRETED_SECONDS`` compiles at its first call instead: it would be compiled
+        A set-up function whose estimated interpreted time for these rows would pass its
+        budget (class docstring) compiles at its first call instead: it would be compiled
         anyway, after spending its budget (on 1e6 rows a logistic regression's build took
         8.7 s with warm caches interpreting first, 2.8 s compiling at once).
         """
@@ -157,26 +172,29 @@ class LazyFunction:
         function = self._function
         if function is not None:
             return function(*args)
-        if self._interpreted_seconds < INTERPRETED_SECONDS:
+        if self._interpreted_seconds < self._budget:
             first = self._interpreted is None
             interpreted = self._interpreted or self._interpret()
             per_call, per_row = self._interpreted_cost or (0.0, 0.0)
             # At the first call, the rows the set-up will read through it (expect_rows).
             expected = per_row * self._expected_rows if first else 0.0
             seconds = self._interpreted_seconds + per_call + per_row * _rows_of(args)
-            if max(seconds, expected) <= INTERPRETED_SECONDS:
+            if max(seconds, expected) <= self._budget:
                 self._interpreted_seconds = seconds
-                types = _numba_types(args) if first else None
-                if types is not None:
-                    # Compiled in a helper meanwhile, so that the compile once the budget
-                    # is spent loads it from the cache (compile_helper.py).
-                    self._compile_job = compile_helper.submit(
-                        self._build, self._compile_kwargs, types
-                    )
+                if not self._compile_job and 2.0 * max(seconds, expected) >= self._budget:
+                    # Half the budget spent: likely to be compiled. A helper compiles it
+                    # meanwhile, so that the compile here loads it from the cache
+                    # (compile_helper.py); a function the set-up uses less is never sent,
+                    # and leaves the helper's core to the functions the draws compile.
+                    types = _numba_types(args)
+                    if types is not None:
+                        self._compile_job = compile_helper.submit(
+                            self._build, self._compile_kwargs, types
+                        )
                 # NumPy's floating-point warnings: compiled code gives the same inf and NaN.
                 with np.errstate(all="ignore"):
                     return interpreted(*args)
-            self._interpreted_seconds = INTERPRETED_SECONDS
+            self._budget = 0.0
         # The first call loads (or JIT-compiles) the Numba code: many objects as well.
         with collection_paused():
             return self.compile()(*args)
@@ -194,7 +212,44 @@ class LazyFunction:
                 list(inputs), outputs, {**self._compile_kwargs, "mode": mode}
             )
         self._interpreted_cost = _interpreted_cost(self._interpreted)
+        nodes = len(cast(Any, self._interpreted).maker.fgraph.apply_nodes)
+        self._budget = max(self._budget, COLD_COMPILE_SHARE * COLD_COMPILE_SECONDS_PER_NODE * nodes)
         return self._interpreted
+
+    def prefetch(self) -> None:
+        """Have the compile helper compile this function's Numba code now, if one runs.
+
+        For a function the draws call from Numba code (``numba_kernel``), known before the
+        set-up reaches it: the helper compiles it for C-contiguous arrays of its inputs' types
+        (what the fused drivers pass) while this process searches for its reference point, and
+        the compile here then loads it from the cache (``compile_helper.py``).
+        """
+        if self._function is None and not self._compile_job:
+            self._compile_job = compile_helper.submit(self._build, self._compile_kwargs, None)
+
+    def compile_numba(self, argument_types: tuple[Any, ...] | None) -> None:
+        """Compile the Numba code of :meth:`numba_kernel` for explicit ``argument_types``.
+
+        What the compile helper runs (``compile_helper.py``). With ``argument_types`` None,
+        C-contiguous arrays of the graph's input types; the shared variables' types are those
+        of their values.
+        """
+        from numba import from_dtype, typeof
+        from numba.core import types
+
+        kernel = self.numba_kernel()
+        if argument_types is None:
+            function: Any = self._numba_function or self.compile()
+            argument_types = tuple(
+                types.Array(from_dtype(np.dtype(spec.variable.type.dtype)), spec.variable.ndim, "C")
+                for spec in function.maker.inputs
+                if not spec.implicit
+            )
+        implicit = tuple(typeof(value) for value in kernel.implicit_values())
+        # PyTensor's Numba function takes its inputs as ``*args``, which Numba types as one
+        # tuple (the signature a call from PyTensor's thunk, or from a driver, compiles).
+        jit_function: Any = kernel.function
+        jit_function.compile((types.BaseTuple.from_types((*argument_types, *implicit)),))
 
     def compile(self) -> Callable[..., Any]:
         """Compile now (idempotent) and return the compiled function."""
@@ -252,7 +307,7 @@ class LazyFunction:
     @property
     def interpreted_first(self) -> bool:
         """Whether the function still runs on PyTensor's Python linker at its next small call."""
-        return self._function is None and self._interpreted_seconds < INTERPRETED_SECONDS
+        return self._function is None and self._interpreted_seconds < self._budget
 
     def __getstate__(self) -> tuple[Any, ...]:
         # A helper's job is this process's: a copy in a worker compiles by itself.

@@ -170,7 +170,7 @@ def group_effect_functions(
             compile_kwargs,
             interpreted_first=True,
         ),
-        indices=LazyFunction(partial(index_graph, grouped), compile_kwargs),
+        indices=LazyFunction(partial(index_graph, grouped), compile_kwargs, interpreted_first=True),
         cell_shapes=tuple(tuple(int(d) for d in c.type.shape[1:]) for c in cells),
         cell_dtypes=tuple(str(c.dtype) for c in cells),
     )

@@ -72,7 +72,9 @@ class GroupedSums:
         )
         self.dtypes = tuple(str(gather.cell.dtype) for gather in grouped.gathers)
         self.psi_size = grouped.psi_size
-        self._indices = LazyFunction(partial(index_graph, grouped), compile_kwargs)
+        self._indices = LazyFunction(
+            partial(index_graph, grouped), compile_kwargs, interpreted_first=True
+        )
         self._per_row = LazyFunction(
             partial(per_row_derivatives_graph, grouped), compile_kwargs, interpreted_first=True
         )

@@ -431,6 +431,17 @@ class ModelOracles(RowSums):
         rows = functions.ratio if self.proxy_order == 0 else functions.residual[self.proxy_order]
         return functions.prior_ratio.numba_kernel(), rows.numba_kernel()
 
+    def prefetch_numba_kernels(self) -> None:
+        """Have the compile helper compile :meth:`numba_kernels`' functions meanwhile.
+
+        Called before the reference search of a step whose draws may be fused, with the
+        proxy order it asks for (``LazyFunction.prefetch``).
+        """
+        functions = self._functions
+        rows = functions.ratio if self.proxy_order == 0 else functions.residual[self.proxy_order]
+        rows.prefetch()  # the larger graph first: the search's Laplace check calls it
+        functions.prior_ratio.prefetch()
+
     def numba_prior(self) -> NumbaKernel:
         """Return :meth:`log_prior`'s function as a Numba dispatcher (input ``q``)."""
         return self._functions.prior.numba_kernel()

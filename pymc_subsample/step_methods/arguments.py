@@ -14,6 +14,7 @@ import pymc as pm
 from numpy.typing import ArrayLike
 from pymc.util import get_value_vars_from_user_vars
 from pymc.vartypes import discrete_types
+from pytensor.compile.mode import Mode
 from pytensor.tensor.variable import TensorVariable
 
 from pymc_subsample.model.imputation import imputed_value_vars
@@ -143,8 +144,14 @@ def warn_row_length_deterministics(
     if not model.deterministics:
         return
     shape_graphs = model.replace_rvs_by_values([det.shape for det in model.deterministics])
+    # PyTensor's Python linker: the rewrites reduce a shape to its inputs' shapes, and one
+    # call needs no compile (a Numba compile here was 1 s of a cold first build).
     shapes = model.compile_fn(
-        shape_graphs, inputs=model.value_vars, point_fn=True, on_unused_input="ignore"
+        shape_graphs,
+        inputs=model.value_vars,
+        point_fn=True,
+        on_unused_input="ignore",
+        mode=Mode(linker="py", optimizer="fast_run"),
     )(initial_point)
     long = [
         det.name

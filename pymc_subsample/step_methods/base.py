@@ -212,6 +212,10 @@ class SubsampleMH(SubsampleStepBase, ProposalChoice):
         self._own_covariance = proposal_cov is None and requested_proposal != USER_PROPOSAL
         if self.control_variate is not None:
             self.oracles = self.oracles.with_proxy_order(CONTROL_VARIATES[self.control_variate])
+        if fused is True and self.oracles.rows_depend_on_q:
+            # The fused draw's functions compile in a helper during the search (cold caches).
+            self.oracles.prefetch_numba_kernels()
+        if self.control_variate is not None:
             self.control = self._make_control_variate(reference_point)
             if self.control is None:
                 self.control_variate = None

@@ -295,6 +295,10 @@ class GroupEffectsMH(CompiledSweepParts, GroupMoves, SubsampleStepBase):
         if isinstance(functions, str):
             raise NotGroupEffects(", ".join(repr(name) for name in self.var_names), functions)
         self.functions: GroupEffectFunctions = functions
+        if fused:
+            # The group sweep's functions compile in a helper during the set-up (cold caches).
+            for function in (*functions.parts, functions.change, functions.residual):
+                function.prefetch()
         self.strata: Strata | None = None
         self.layouts = self._layouts()
         free = self.functions.free_coordinates

@@ -22,6 +22,7 @@ from pytensor.graph.basic import Variable
 from pytensor.tensor.variable import TensorVariable
 
 from pymc_subsample.kernels.warm_up import start_kernel_warm_up
+from pymc_subsample.model import compile_helper
 from pymc_subsample.model.oracle_builder import build_oracles
 from pymc_subsample.model.oracles import ModelOracles
 from pymc_subsample.reference import funnel_explanation
@@ -72,8 +73,10 @@ class SubsampleStepBase(ArrayStepShared):
     ) -> None:
         model = pm.modelcontext(model)
         # A first build on this machine: the package's kernels compile in another process
-        # meanwhile (kernels/warm_up.py).
-        start_kernel_warm_up(self.warm_kernels)
+        # meanwhile (kernels/warm_up.py), and the helper that compiles the model's functions
+        # (model/compile_helper.py) starts now, to have imported PyTensor by its first job.
+        if start_kernel_warm_up(self.warm_kernels):
+            compile_helper.start_helper()
         vars = step_value_vars(model, vars)
         # None: the subclass chooses once it knows whether a control variate applies.
         self.batch_size = (
