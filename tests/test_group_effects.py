@@ -657,31 +657,3 @@ def test_a_table_read_by_group_and_column_matches_the_exact_posterior():
             standard_error = sd[j] / np.sqrt(float(az.ess(values)))
             assert abs(values.mean() - mean[j]) < 4.0 * standard_error, (g, j)
             assert abs(values.std() / sd[j] - 1.0) < 0.1, (g, j, values.std() / sd[j])
-
-
-@pytest.mark.parametrize("warming", [False, True], ids=["kernels cached", "first build"])
-def test_the_sweep_built_with_the_step_changes_no_draw(monkeypatch, warming):
-    # On a machine whose kernels are cached the step builds its fused sweep and walk at once,
-    # for pm.sample's forked workers to inherit; on a machine's first build, at the first
-    # draw. Draws from a seed are bitwise those of a step that builds them at its first draw
-    # (caught if the sweep built ahead held state the chain's start replaces, such as a copy
-    # of the expansion: the draws differ), and the sweep is built before any draw exactly
-    # where the kernels are cached (caught if never built ahead).
-    from pymc_subsample.step_methods import group_compiled, group_effects
-
-    monkeypatch.setattr(group_compiled, "kernels_warming", lambda: warming)
-    monkeypatch.setattr(group_effects, "kernels_warming", lambda: warming)
-    group, y = _poisson_groups()
-    draws = []
-    for ahead in (True, False):
-        if not ahead:
-            monkeypatch.setattr(GroupEffectsMH, "_prepare_compiled_parts", lambda self: None)
-        with _poisson_model(group, y) as model:
-            step = GroupEffectsMH([model["a"]], test="barker")
-            assert (step._fused is not None) == (ahead and not warming)
-            idata = pm.sample(
-                tune=30, draws=30, chains=1, step=step, progressbar=False, random_seed=3,
-                compute_convergence_checks=False,
-            )  # fmt: skip
-        draws.append(idata.posterior["a"].values)
-    np.testing.assert_array_equal(draws[0], draws[1])

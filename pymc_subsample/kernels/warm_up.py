@@ -39,7 +39,6 @@ __all__ = [
     "KERNEL_SIGNATURES",
     "compile_kernels",
     "kernels_cached",
-    "kernels_warming",
     "start_kernel_warm_up",
     "wait_for_kernel_warm_up",
 ]
@@ -188,11 +187,6 @@ def wait_for_kernel_warm_up(timeout: float = WAIT_SECONDS) -> None:
         except subprocess.TimeoutExpired:
             helper.kill()
             helper.wait()
-
-
-def kernels_warming() -> bool:
-    """Whether a helper this process started may still be compiling the package's kernels."""
-    return any(helper.poll() is None for helper in _helpers)
 
 
 def _import_kernels_only() -> None:

@@ -251,16 +251,11 @@ class LazyFunction:
         jit_function: Any = kernel.function
         jit_function.compile((types.BaseTuple.from_types((*argument_types, *implicit)),))
 
-    def compile(self, *, wait_for_helper: bool = True) -> Callable[..., Any]:
-        """Compile now (idempotent) and return the compiled function.
-
-        With ``wait_for_helper`` False, a compile helper's job on this function is left
-        running or queued: for a function whose Numba code is loaded later, at its first call
-        (a driver's), after :meth:`wait_for_helper` (``compile_helper.py``).
-        """
+    def compile(self) -> Callable[..., Any]:
+        """Compile now (idempotent) and return the compiled function."""
         if self._function is None:
-            if wait_for_helper:
-                self.wait_for_helper()
+            compile_helper.wait_for(self._compile_job)
+            self._compile_job = 0
             # The derivative graphs have thousands of nodes, and PyTensor records a stack
             # trace at each node's creation (and each rewrite's): 0.1 s of a step's set-up,
             # for tracebacks that would point inside this package, not at the user's model.
@@ -270,33 +265,19 @@ class LazyFunction:
             self._interpreted = None
         return self._function
 
-    def wait_for_helper(self) -> None:
-        """Wait for the compile helper's job on this function, or withdraw it if not started.
-
-        Called before the function's Numba code is first compiled or loaded here, so that it
-        is not compiled twice (``compile_helper.wait_for``).
-        """
-        compile_helper.wait_for(self._compile_job)
-        self._compile_job = 0
-
-    def numba_kernel(self, *, wait_for_helper: bool = True) -> NumbaKernel:
+    def numba_kernel(self) -> NumbaKernel:
         """Return the function as compiled by PyTensor's Numba backend, for Numba code.
 
         PyMC 6 compiles with that backend by default, and the function compiled for Python
         callers is reused; otherwise (PyMC 5's C backend, or a ``mode`` in ``compile_kwargs``)
         the graph is compiled once more for Numba.
 
-        Parameters
-        ----------
-        wait_for_helper : bool, default True
-            As in :meth:`compile`: False leaves a compile helper's job on it running.
-
         Raises
         ------
         RuntimeError
             If PyTensor's Numba backend cannot compile the graph.
         """
-        function: Any = self.compile(wait_for_helper=wait_for_helper)
+        function: Any = self.compile()
         if getattr(function.vm, "jit_fn", None) is None:
             if self._numba_function is None:
                 with config.change_flags(traceback__limit=0), collection_paused():

@@ -80,9 +80,6 @@ class FusedGroupSweep:
         The control variate's reference point and tables, read at each call.
     test : GroupTest
         The test of every sampled decision.
-    wait_for_helper : bool, default True
-        False leaves the compile helper's jobs on the functions running: built ahead of the
-        first sweep, whose caller waits for them first (``LazyFunction.wait_for_helper``).
 
     Raises
     ------
@@ -96,14 +93,12 @@ class FusedGroupSweep:
         oracles: ModelOracles,
         expansion: GroupExpansion,
         test: GroupTest,
-        *,
-        wait_for_helper: bool = True,
     ) -> None:
         self._oracles = oracles
         self._expansion = expansion
         self._test = test
-        self._change = functions.change.numba_kernel(wait_for_helper=wait_for_helper)
-        self._residual = functions.residual.numba_kernel(wait_for_helper=wait_for_helper)
+        self._change = functions.change.numba_kernel()
+        self._residual = functions.residual.numba_kernel()
         self._shapes: dict[str, Any] = {
             "n_tables": len(functions.cell_shapes),  # every gather's table
             "n_data": len(oracles.row_arrays()),
@@ -121,9 +116,7 @@ class FusedGroupSweep:
             f"group_decisions_{DRIVER_VERSION}",
             [_kernel_source(), self._change.cache_key, self._residual.cache_key],
         )
-        self._parts = [
-            function.numba_kernel(wait_for_helper=wait_for_helper) for function in functions.parts
-        ]
+        self._parts = [function.numba_kernel() for function in functions.parts]
         self._coordinates = [factor.coordinates for factor in functions.factors]
         self._sweeps = [
             self._sweep_driver(parts, factor.size)

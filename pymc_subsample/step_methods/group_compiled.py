@@ -16,7 +16,6 @@ import numpy as np
 
 from pymc_subsample.kernels.group_tests import GroupTest
 from pymc_subsample.kernels.hyper_walk import HyperWalk
-from pymc_subsample.kernels.warm_up import kernels_warming
 from pymc_subsample.step_methods.fused_group_path import FusedGroupSweep, fused_group_obstacle
 from pymc_subsample.step_methods.fused_hyper_walk import CompiledHyperWalk
 from pymc_subsample.step_methods.fused_path import seed_fused_draws
@@ -77,28 +76,6 @@ class CompiledSweepParts:
                 return None
         return self._walk
 
-    def _prepare_compiled_parts(self) -> None:
-        """Build the fused sweep and the compiled walk now, in the process building the step.
-
-        ``pm.sample``'s worker processes are forks of this one where PyMC starts them so
-        (Linux): they inherit what is built here (the model's functions compiled by PyTensor,
-        the drivers) instead of each building it at its chain's first draw, both at once. On
-        the centred Poisson hierarchy of ``benchmarks/hierarchical_groups.py`` two chains on
-        two cores then sampled in 2.7 s instead of 5.1 s, for 1.2 s here. Nothing is seeded
-        or drawn. Not on a machine's first build (the package's kernels still compiling,
-        ``kernels/warm_up.py``), where the first draw builds them after the compile helper
-        has compiled the model's functions meanwhile (``model/compile_helper.py``).
-        """
-        if self.draw_path != "fused" or kernels_warming():
-            return
-        try:
-            self._fused = FusedGroupSweep(
-                self.functions, self.oracles, self.expansion, self.test, wait_for_helper=False
-            )
-        except Exception:
-            return  # built again at the first draw, which says why it fails
-        self._compiled_walk()
-
     def _fused_sweep(self) -> FusedGroupSweep | None:
         """Return the fused sweep where the step uses it, built at the first call.
 
@@ -121,8 +98,4 @@ class CompiledSweepParts:
         if self._seed_fused:
             seed_fused_draws(self.rng)
             self._seed_fused = False
-            # Built ahead (_prepare_compiled_parts): the compile helper's jobs on its
-            # functions end before their Numba code is first loaded, at the first sweep.
-            for function in (*self.functions.parts, self.functions.change, self.functions.residual):
-                function.wait_for_helper()
         return self._fused

@@ -30,7 +30,6 @@ from pymc_subsample.kernels.stratified import (
     Strata,
     build_strata,
 )
-from pymc_subsample.kernels.warm_up import kernels_warming
 from pymc_subsample.model.group_effects import GroupEffectFunctions
 from pymc_subsample.model.row_data import row_chunks
 from pymc_subsample.step_methods.acceptance_tests import StatSpec
@@ -296,10 +295,8 @@ class GroupEffectsMH(CompiledSweepParts, GroupMoves, SubsampleStepBase):
         if isinstance(functions, str):
             raise NotGroupEffects(", ".join(repr(name) for name in self.var_names), functions)
         self.functions: GroupEffectFunctions = functions
-        if fused and kernels_warming():
-            # A machine's first build: the group sweep's functions compile in a helper during
-            # the set-up. Elsewhere this process builds them at once, for pm.sample's forks
-            # (CompiledSweepParts._prepare_compiled_parts).
+        if fused:
+            # The group sweep's functions compile in a helper during the set-up (cold caches).
             for function in (*functions.parts, functions.change, functions.residual):
                 function.prefetch()
         self.strata: Strata | None = None
@@ -317,7 +314,6 @@ class GroupEffectsMH(CompiledSweepParts, GroupMoves, SubsampleStepBase):
         self._ridge_walks: list[HyperWalk] = []
         self.oracles.ensure_rows_finite()
         self._choose_compiled_paths(fused)
-        self._prepare_compiled_parts()
 
     def describe_groups(self) -> str:
         """Name the group effects and count their groups (``"'a': 200 groups"``)."""
