@@ -272,3 +272,34 @@ def test_arguments_numba_cannot_type_send_no_job() -> None:
     # A job is compiled for its argument types; where Numba has none, nothing is sent.
     assert compiled._numba_types((np.zeros(3), object())) is None
     assert compiled._numba_types((np.zeros(3),)) is not None
+
+
+@pytest.mark.parametrize("warming", [True, False], ids=["first build", "kernels cached"])
+def test_the_draws_functions_go_ahead_only_on_a_machines_first_build(
+    monkeypatch: pytest.MonkeyPatch, warming: bool
+) -> None:
+    # On a first build (the package's kernels compiling) the fused draw's two functions are
+    # sent before the search, for the inputs' own types (None); elsewhere none is, since
+    # compiling them here is quicker than waiting for a helper that first imports PyTensor
+    # (caught if sent always: two prefetched jobs where the kernels are cached; or never).
+    import pymc as pm
+
+    import pymc_subsample as pms
+    from pymc_subsample.step_methods import base
+
+    monkeypatch.setattr(base, "kernels_warming", lambda: warming)
+    prefetched: list[Any] = []
+
+    def submit(builder: Any, kwargs: Any, types: Any) -> int:
+        if types is None:
+            prefetched.append(builder)
+        return 0
+
+    monkeypatch.setattr(compile_helper, "submit", submit)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=2_000)
+    with pm.Model():
+        beta = pm.Normal("beta", 0.0, 1.0)
+        pm.Normal("y", beta * x, 1.0, observed=0.5 * x + rng.normal(size=2_000))
+        pms.AusterityMH()
+    assert len(prefetched) == (2 if warming else 0)

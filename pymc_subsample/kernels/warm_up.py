@@ -39,6 +39,7 @@ __all__ = [
     "KERNEL_SIGNATURES",
     "compile_kernels",
     "kernels_cached",
+    "kernels_warming",
     "start_kernel_warm_up",
     "wait_for_kernel_warm_up",
 ]
@@ -187,6 +188,15 @@ def wait_for_kernel_warm_up(timeout: float = WAIT_SECONDS) -> None:
         except subprocess.TimeoutExpired:
             helper.kill()
             helper.wait()
+
+
+def kernels_warming() -> bool:
+    """Whether a helper this process started may still be compiling the package's kernels.
+
+    True during a first build on a machine (``start_kernel_warm_up``), when the model's
+    functions are worth sending to the compile helper ahead (``model/compile_helper.py``).
+    """
+    return any(helper.poll() is None for helper in _helpers)
 
 
 def _import_kernels_only() -> None:

@@ -23,6 +23,7 @@ from pytensor.tensor.variable import TensorVariable
 
 from pymc_subsample.kernels.row_sampler import RowSampler
 from pymc_subsample.kernels.user_proposal import ProposalFunction, UserProposal
+from pymc_subsample.kernels.warm_up import kernels_warming
 from pymc_subsample.model.checks import discrete_names
 from pymc_subsample.step_methods.acceptance_tests import (
     AcceptanceTest,
@@ -212,8 +213,10 @@ class SubsampleMH(SubsampleStepBase, ProposalChoice):
         self._own_covariance = proposal_cov is None and requested_proposal != USER_PROPOSAL
         if self.control_variate is not None:
             self.oracles = self.oracles.with_proxy_order(CONTROL_VARIATES[self.control_variate])
-        if fused is True and self.oracles.rows_depend_on_q:
-            # The fused draw's functions compile in a helper during the search (cold caches).
+        if fused is True and self.oracles.rows_depend_on_q and kernels_warming():
+            # A machine's first build: the fused draw's functions compile in a helper during
+            # the search. Elsewhere compiling them here is quicker than waiting for a helper
+            # that first imports PyTensor (model/compile_helper.py).
             self.oracles.prefetch_numba_kernels()
         if self.control_variate is not None:
             self.control = self._make_control_variate(reference_point)
