@@ -206,9 +206,9 @@ def model_functions(
         shared=shared,
         rows_depend_on_q=depends_on_q,
         other_variables_in_rows=others,
-        # The set-up's checks and line searches call the prior a few dozen times (no draw of
-        # a fused path does): interpreted first, so that a cold first build compiles less.
-        prior=setup(partial(given, [q], prior_q)),
+        # Compiled at its first call: a non-centred hierarchy's hyperparameter walk calls it
+        # several times a draw from Python, where interpreted calls cost 0.1 ms or more each.
+        prior=fixed([q], prior_q),
         prior_ratio=fixed([q, q_old], prior_q - prior_q_old),
         # The self-check and the search line search call it a few dozen times; a draw that
         # reads it is fused (its Numba kernel) or compiles it after some 500 calls.
@@ -219,7 +219,7 @@ def model_functions(
         # the JIT (0.3-0.5 s of set-up) and is fast enough for one vectorised pass.
         full_rows=LazyFunction(partial(given, [q], full_q), {**kwargs, "mode": "FAST_COMPILE"}),
         score=lazy(partial(score_graph, rows_q, q, row_inputs)),
-        prior_grad=setup(partial(prior_gradient_graph, prior_q, q)),
+        prior_grad=lazy(partial(prior_gradient_graph, prior_q, q)),
         posterior_gradient=lazy(partial(posterior_gradient_graph, prior_q, rows_q, q, row_inputs)),
         remainder_gradient=lazy(
             partial(remainder_gradient_graph, prior_q, rows_q, rows_ref, q, q_ref, row_inputs)
