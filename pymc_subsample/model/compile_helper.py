@@ -7,9 +7,10 @@ until its estimated time there passes a budget, and is then compiled (``docs/arc
 set-up or of tuning. :func:`submit` sends such a function, once half its budget is spent, to a
 helper process that compiles it for the argument types of that call into PyTensor's Numba
 cache, on another core, while this process goes on interpreting it; when the budget is spent,
-:func:`wait_for` lets the compile here load the helper's code from the cache. The functions the
-draws call from Numba code (the fused draw's, the group sweep's) are sent before the set-up
-reaches them (``LazyFunction.prefetch``), for C-contiguous arrays of their inputs' types.
+:func:`wait_for` lets the compile here load the helper's code from the cache. On a machine's first
+build, the functions the draws call from Numba code (the fused draw's, the group sweep's) are
+sent before the set-up reaches them (``LazyFunction.prefetch``), for C-contiguous arrays of
+their inputs' types.
 
 Nothing the step computes depends on the helper: when a function switches from the Python
 linker to compiled code is decided by the estimate alone, and the compiled code is the same
