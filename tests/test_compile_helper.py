@@ -285,9 +285,9 @@ def test_the_draws_functions_go_ahead_only_on_a_machines_first_build(
     import pymc as pm
 
     import pymc_subsample as pms
-    from pymc_subsample.step_methods import base
+    from pymc_subsample.step_methods import step_base
 
-    monkeypatch.setattr(base, "kernels_warming", lambda: warming)
+    monkeypatch.setattr(step_base, "start_kernel_warm_up", lambda modules: warming)
     prefetched: list[Any] = []
 
     def submit(builder: Any, kwargs: Any, types: Any) -> int:

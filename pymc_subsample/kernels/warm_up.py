@@ -39,7 +39,6 @@ __all__ = [
     "KERNEL_SIGNATURES",
     "compile_kernels",
     "kernels_cached",
-    "kernels_warming",
     "start_kernel_warm_up",
     "wait_for_kernel_warm_up",
 ]
@@ -136,12 +135,14 @@ def start_kernel_warm_up(modules: Sequence[str]) -> bool:
     ``modules`` name entries of :data:`KERNEL_SIGNATURES` (a step's ``warm_kernels``). Each
     module is asked for once per process; a helper starts only for modules whose kernels
     are not cached yet, with Numba's cache on and at least two cores for this process.
-    Returns whether one started (a first build on this machine).
+    Returns whether a helper of this process now compiles kernels (started now or by an
+    earlier step): a first build on this machine, where the model's functions are worth
+    sending to the compile helper ahead (``model/compile_helper.py``).
     """
     wanted = [name for name in modules if name not in _requested]
     _requested.update(wanted)
     if not wanted:
-        return False
+        return _warming()
     from numba.core import config
 
     # Here, not at the top: run as the helper, this file imports the kernels only
@@ -149,7 +150,7 @@ def start_kernel_warm_up(modules: Sequence[str]) -> bool:
     from pymc_subsample.helper_processes import available_cores, helper_environment
 
     if getattr(config, "DISABLE_JIT", False) or available_cores() < 2 or kernels_cached(wanted):
-        return False
+        return _warming()
     try:
         helper = subprocess.Popen(
             [sys.executable, str(Path(__file__).resolve()), *wanted],
@@ -159,7 +160,7 @@ def start_kernel_warm_up(modules: Sequence[str]) -> bool:
             stderr=subprocess.DEVNULL,
         )
     except OSError:
-        return False
+        return _warming()
     if not _helpers:
         atexit.register(_stop_helpers)
     _helpers.append(helper)
@@ -180,22 +181,19 @@ def _stop_helpers() -> None:
 
 def wait_for_kernel_warm_up(timeout: float = WAIT_SECONDS) -> None:
     """Wait for the helpers, if any run, for at most ``timeout`` seconds; then go on."""
+    from pymc_subsample.helper_processes import stop_process
+
     deadline = time.monotonic() + timeout
     while _helpers:
         helper = _helpers.pop()
         try:
             helper.wait(timeout=max(deadline - time.monotonic(), 0.0))
         except subprocess.TimeoutExpired:
-            helper.kill()
-            helper.wait()
+            stop_process(helper)
 
 
-def kernels_warming() -> bool:
-    """Whether a helper this process started may still be compiling the package's kernels.
-
-    True during a first build on a machine (``start_kernel_warm_up``), when the model's
-    functions are worth sending to the compile helper ahead (``model/compile_helper.py``).
-    """
+def _warming() -> bool:
+    """Whether a helper this process started may still be compiling the package's kernels."""
     return any(helper.poll() is None for helper in _helpers)
 
 

@@ -182,15 +182,7 @@ class LazyFunction:
             if max(seconds, expected) <= self._budget:
                 self._interpreted_seconds = seconds
                 if not self._compile_job and 2.0 * max(seconds, expected) >= self._budget:
-                    # Half the budget spent: likely to be compiled. A helper compiles it
-                    # meanwhile, so that the compile here loads it from the cache
-                    # (compile_helper.py); a function the set-up uses less is never sent,
-                    # and leaves the helper's core to the functions the draws compile.
-                    types = _numba_types(args)
-                    if types is not None:
-                        self._compile_job = compile_helper.submit(
-                            self._build, self._compile_kwargs, types
-                        )
+                    self._send_to_helper(args)
                 # NumPy's floating-point warnings: compiled code gives the same inf and NaN.
                 with np.errstate(all="ignore"):
                     return interpreted(*args)
@@ -198,6 +190,18 @@ class LazyFunction:
         # The first call loads (or JIT-compiles) the Numba code: many objects as well.
         with collection_paused():
             return self.compile()(*args)
+
+    def _send_to_helper(self, args: tuple[Any, ...]) -> None:
+        """Have the compile helper compile it for the types of ``args`` (half its budget spent).
+
+        Likely to be compiled here later, which then loads it from the cache
+        (``compile_helper.py``); a function the set-up uses less is never sent, and leaves the
+        helper's core to the functions the draws compile. Not sent where Numba cannot type
+        ``args``.
+        """
+        types = _numba_types(args)
+        if types is not None:
+            self._compile_job = compile_helper.submit(self._build, self._compile_kwargs, types)
 
     def _interpret(self) -> Callable[..., Any]:
         """Build the function on PyTensor's Python linker (no fusion: NumPy's own loops)."""
@@ -239,7 +243,7 @@ class LazyFunction:
 
         kernel = self.numba_kernel()
         if argument_types is None:
-            function: Any = self._numba_function or self.compile()
+            function = self._numba_compiled()
             argument_types = tuple(
                 types.Array(from_dtype(np.dtype(spec.variable.type.dtype)), spec.variable.ndim, "C")
                 for spec in function.maker.inputs
@@ -277,14 +281,7 @@ class LazyFunction:
         RuntimeError
             If PyTensor's Numba backend cannot compile the graph.
         """
-        function: Any = self.compile()
-        if getattr(function.vm, "jit_fn", None) is None:
-            if self._numba_function is None:
-                with config.change_flags(traceback__limit=0), collection_paused():
-                    inputs, outputs = self._build()
-                    kwargs = {**self._compile_kwargs, "mode": "NUMBA"}
-                    self._numba_function = compile_function(list(inputs), outputs, kwargs)
-            function = self._numba_function
+        function = self._numba_compiled()
         jit_function = getattr(function.vm, "jit_fn", None)
         if jit_function is None:
             raise RuntimeError("PyTensor's Numba backend did not compile this function.")
@@ -299,6 +296,18 @@ class LazyFunction:
             implicit=implicit,
             cache_key=_numba_cache_key(jit_function),
         )
+
+    def _numba_compiled(self) -> Any:
+        """Return the PyTensor function compiled by the Numba backend (:meth:`numba_kernel`)."""
+        function: Any = self.compile()
+        if getattr(function.vm, "jit_fn", None) is None:
+            if self._numba_function is None:
+                with config.change_flags(traceback__limit=0), collection_paused():
+                    inputs, outputs = self._build()
+                    kwargs = {**self._compile_kwargs, "mode": "NUMBA"}
+                    self._numba_function = compile_function(list(inputs), outputs, kwargs)
+            function = self._numba_function
+        return function
 
     def uncompiled(self) -> LazyFunction:
         """Return a copy that compiles at its first call (what a Dask worker is sent)."""

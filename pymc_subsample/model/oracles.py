@@ -427,9 +427,8 @@ class ModelOracles(RowSums):
         and the gathered rows) with a Taylor order, else that of :meth:`loglik_ratio_rows`
         (``q, q_old`` and the rows); the prior ratio's inputs are ``q, q_old``.
         """
-        functions = self._functions
-        rows = functions.ratio if self.proxy_order == 0 else functions.residual[self.proxy_order]
-        return functions.prior_ratio.numba_kernel(), rows.numba_kernel()
+        prior, rows = self._draw_functions()
+        return prior.numba_kernel(), rows.numba_kernel()
 
     def prefetch_numba_kernels(self) -> None:
         """Have the compile helper compile :meth:`numba_kernels`' functions meanwhile.
@@ -437,10 +436,15 @@ class ModelOracles(RowSums):
         Called before the reference search of a step whose draws may be fused, with the
         proxy order it asks for (``LazyFunction.prefetch``).
         """
+        prior, rows = self._draw_functions()
+        rows.prefetch()  # the larger graph first: the search's Laplace check calls it
+        prior.prefetch()
+
+    def _draw_functions(self) -> tuple[LazyFunction, LazyFunction]:
+        """Return the prior ratio's and the rows' functions of :meth:`numba_kernels`."""
         functions = self._functions
         rows = functions.ratio if self.proxy_order == 0 else functions.residual[self.proxy_order]
-        rows.prefetch()  # the larger graph first: the search's Laplace check calls it
-        functions.prior_ratio.prefetch()
+        return functions.prior_ratio, rows
 
     def numba_prior(self) -> NumbaKernel:
         """Return :meth:`log_prior`'s function as a Numba dispatcher (input ``q``)."""

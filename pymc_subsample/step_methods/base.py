@@ -23,7 +23,6 @@ from pytensor.tensor.variable import TensorVariable
 
 from pymc_subsample.kernels.row_sampler import RowSampler
 from pymc_subsample.kernels.user_proposal import ProposalFunction, UserProposal
-from pymc_subsample.kernels.warm_up import kernels_warming
 from pymc_subsample.model.checks import discrete_names
 from pymc_subsample.step_methods.acceptance_tests import (
     AcceptanceTest,
@@ -213,7 +212,7 @@ class SubsampleMH(SubsampleStepBase, ProposalChoice):
         self._own_covariance = proposal_cov is None and requested_proposal != USER_PROPOSAL
         if self.control_variate is not None:
             self.oracles = self.oracles.with_proxy_order(CONTROL_VARIATES[self.control_variate])
-        if fused is True and self.oracles.rows_depend_on_q and kernels_warming():
+        if fused is True and self.oracles.rows_depend_on_q and self._first_build:
             # A machine's first build: the fused draw's functions compile in a helper during
             # the search. Elsewhere compiling them here is quicker than waiting for a helper
             # that first imports PyTensor (model/compile_helper.py).

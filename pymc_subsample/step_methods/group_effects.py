@@ -30,7 +30,6 @@ from pymc_subsample.kernels.stratified import (
     Strata,
     build_strata,
 )
-from pymc_subsample.kernels.warm_up import kernels_warming
 from pymc_subsample.model.group_effects import GroupEffectFunctions
 from pymc_subsample.model.row_data import row_chunks
 from pymc_subsample.step_methods.acceptance_tests import StatSpec
@@ -296,7 +295,7 @@ class GroupEffectsMH(CompiledSweepParts, GroupMoves, SubsampleStepBase):
         if isinstance(functions, str):
             raise NotGroupEffects(", ".join(repr(name) for name in self.var_names), functions)
         self.functions: GroupEffectFunctions = functions
-        if fused and kernels_warming():
+        if fused and self._first_build:
             # A machine's first build: the group sweep's functions compile in a helper during
             # the set-up (elsewhere compiling them here is quicker, model/compile_helper.py).
             for function in (*functions.parts, functions.change, functions.residual):

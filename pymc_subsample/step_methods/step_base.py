@@ -74,8 +74,10 @@ class SubsampleStepBase(ArrayStepShared):
         model = pm.modelcontext(model)
         # A first build on this machine: the package's kernels compile in another process
         # meanwhile (kernels/warm_up.py), and the helper that compiles the model's functions
-        # (model/compile_helper.py) starts now, to have imported PyTensor by its first job.
-        if start_kernel_warm_up(self.warm_kernels):
+        # (model/compile_helper.py) starts now, to have imported PyTensor by its first job;
+        # the subclasses then send it the draws' functions ahead.
+        self._first_build = start_kernel_warm_up(self.warm_kernels)
+        if self._first_build:
             compile_helper.start_helper()
         vars = step_value_vars(model, vars)
         # None: the subclass chooses once it knows whether a control variate applies.
