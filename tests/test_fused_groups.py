@@ -262,8 +262,50 @@ def test_the_compiled_hyperparameter_walk_makes_the_python_walks_moves():
     increments = rng.normal(size=(40, free.size)) * np.repeat([0.05, 0.5, 3.0, 10.0], 10)[:, None]
     uniforms = rng.uniform(size=40)
     h_python, acceptances_python = walk(q[free], log_target, increments, uniforms)
-    h_compiled, acceptances_compiled = compiled.moves(q)(q[free], increments, uniforms)
+    h_compiled, acceptances_compiled = compiled.given_moves(q, q[free], increments, uniforms)
     np.testing.assert_allclose(acceptances_compiled, acceptances_python, rtol=1e-10, atol=1e-300)
     np.testing.assert_allclose(h_compiled, h_python, rtol=1e-12)
     accepted = uniforms < acceptances_python
     assert 5 < accepted.sum() < 35
+
+
+def test_the_compiled_hyperparameter_walk_draws_its_increments_from_the_proposal_covariance():
+    """The compiled walk's own noise: increments ``scale * factor @ z``, ``z`` standard normal.
+
+    At a tiny scale every move is accepted (acceptance ``exp(-|change|)`` with a change of
+    order 1e-8), so a call's end point less its start is the sum of its 16 increments, normal
+    with covariance ``16 scale^2 F F^T`` (``F F^T = [[4, 3], [3, 2.5]]``). Over 2,000 calls
+    each entry of the rescaled sample covariance has a standard error of at most 0.13: the
+    tolerance, 0.8, is six of them (false failure under 1e-8); a walk that drops the factor
+    (identity) or transposes it (``F^T F = [[6.25, 0.75], [0.75, 0.25]]``) is off by 2.25 or
+    more.
+    """
+    group, rng = _groups()
+    y = rng.normal(rng.normal(0.3, 0.8, len(SIZES))[group], 1.0)
+    with pm.Model(coords={"group": range(len(SIZES))}):
+        mu = pm.Normal("mu", 0.0, 1.0)
+        sd = pm.HalfNormal("sd", 1.0)
+        a = pm.Normal("a", mu, sd, dims="group")
+        pm.Normal("y", a[pm.Data("g", group)], 1.0, observed=y)
+        step = GroupEffectsMH()
+    compiled = step._compiled_walk()
+    assert compiled is not None
+    free = step.functions.free_coordinates
+    assert free.size == 2
+    q = np.asarray(step.oracles.initial_q, dtype=float)
+    factor = np.array([[2.0, 0.0], [1.5, 0.5]])
+    scale = 1e-9
+    seed_generator(7)
+    moves = compiled.moves(q)
+    sums, accepted = [], []
+    for _ in range(2000):
+        end, acceptances, n_accepted = moves(q[free], factor, scale)
+        assert acceptances.shape == (16,)
+        sums.append((end - q[free]) / scale)
+        accepted.append(n_accepted)
+    assert min(accepted) == 16
+    sums = np.asarray(sums)
+    covariance = np.cov(sums, rowvar=False) / 16
+    expected = factor @ factor.T
+    np.testing.assert_allclose(covariance, expected, atol=0.2 * np.max(np.diag(expected)))
+    assert np.all(np.abs(sums.mean(axis=0)) < 5 * np.sqrt(16 * np.diag(expected) / 2000))

@@ -50,10 +50,11 @@ class HyperWalkInfo(NamedTuple):
     hyper_scale: float
 
 
-#: ``(h, increments, uniforms) -> (h, acceptances)``: Metropolis moves through ``h +
-#: increments[0]``, ``+ increments[1]``, ..., each accepted where its uniform is below its
-#: acceptance probability; the end point and every move's acceptance probability.
-WalkMoves = Callable[[np.ndarray, np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]
+#: ``(h, factor, scale) -> (h, acceptances, accepted)``: :data:`MOVES` Metropolis moves from
+#: ``h`` with increments ``scale * factor @ z`` (``z`` standard normal), each accepted where a
+#: uniform is below its acceptance probability, the noise drawn by the moves themselves; the
+#: end point, every move's acceptance probability and the number accepted.
+WalkMoves = Callable[[np.ndarray, np.ndarray, float], tuple[np.ndarray, np.ndarray, int]]
 
 
 def walk(
@@ -108,23 +109,25 @@ class HyperWalk:
     ) -> tuple[np.ndarray, HyperWalkInfo]:
         """Make :data:`MOVES` Metropolis steps from ``h``; tune while ``tune``.
 
-        ``moves`` makes them in place of the Python loop over ``log_target`` (a compiled walk
-        of the same target, ``step_methods/fused_hyper_walk.py``).
+        ``moves`` makes them in place of the Python loop over ``log_target``: a compiled walk
+        of the same target that draws its own noise (``step_methods/fused_hyper_walk.py``).
         """
         scale = math.exp(self.log_scale)
-        # Every move's increment and uniform drawn at once: they do not depend on the chain's
-        # path, and a call moves at one scale (its adaptation applies from the next call).
-        increments = scale * (rng.standard_normal((MOVES, self.size)) @ self.factor.T)
-        uniforms = rng.uniform(size=MOVES)
         if moves is None:
+            # Every move's increment and uniform drawn at once: they do not depend on the
+            # chain's path, and a call moves at one scale (its adaptation applies from the
+            # next call).
+            increments = scale * (rng.standard_normal((MOVES, self.size)) @ self.factor.T)
+            uniforms = rng.uniform(size=MOVES)
             h, acceptances = walk(h, log_target, increments, uniforms)
+            accepted = int(np.count_nonzero(uniforms < acceptances))
         else:
-            h, acceptances = moves(h, increments, uniforms)
+            h, acceptances, accepted = moves(h, self.factor, scale)
         if tune:
             for acceptance in acceptances:
                 self._adapt_scale(float(acceptance))
             self._adapt_covariance(h)
-        return h, HyperWalkInfo(float(np.mean(uniforms < acceptances)), scale)
+        return h, HyperWalkInfo(accepted / MOVES, scale)
 
     def _adapt_scale(self, acceptance: float) -> None:
         self.log_scale += (acceptance - TARGET_ACCEPTANCE) / math.sqrt(1.0 + self._calls)

@@ -183,7 +183,7 @@ class FusedGroupSweep:
             *self._change.implicit_values(),
             *self._residual.implicit_values(),
         )
-        n_data, n_full_groups, n_nonfinite, n_accepted = (int(count) for count in counts)
+        n_data, n_full_groups, n_nonfinite, n_accepted = counts.tolist()
         return result, GroupSweepInfo(n_data, n_accepted, n_full_groups, n_nonfinite)
 
     def decisions(

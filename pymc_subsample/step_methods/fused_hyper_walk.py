@@ -6,9 +6,13 @@ prior at a new point (``step_methods/group_moves.py``, ``_move_hyperparameters``
 centred hierarchy, where no factor's cells read the hyperparameters, that target is the prior
 itself, and the walk is one loop over the prior's PyTensor Numba kernel:
 :class:`CompiledHyperWalk` generates it (cached on disk with PyTensor's Numba cache, under a key
-made of the kernel's and the driver's source). The increments and uniforms are drawn by the
-chain's generator as in Python, so the walk makes the same moves as the Python loop
-(``kernels/hyper_walk.HyperWalk``); ``docs/architecture.md``, "Group effects".
+made of the kernel's and the driver's source). The walk draws its increments and uniforms from
+Numba's generator, which the group sweep seeds from the chain's at its first draw
+(``kernels/fused.seed_generator``): a draw's Python code runs slowly after the compiled sweep
+(its code and data out of the caches: the walk's two NumPy draws and their mean took some
+80 us of a 0.6 ms draw on the centred Poisson benchmark, the moves themselves 25 us). Given
+the same increments and uniforms, it makes the Python loop's moves
+(``kernels/hyper_walk.walk``); ``docs/architecture.md``, "Group effects".
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from pymc_subsample.kernels.hyper_walk import WalkMoves
+from pymc_subsample.kernels.hyper_walk import MOVES, WalkMoves
 from pymc_subsample.model.compiled import compile_driver
 
 if TYPE_CHECKING:
@@ -28,27 +32,41 @@ if TYPE_CHECKING:
 __all__ = ["CompiledHyperWalk"]
 
 #: Bump when the generated driver's source changes (the key of its disk cache includes it).
-DRIVER_VERSION = 1
+DRIVER_VERSION = 2
 
 _DRIVER_TEMPLATE = """
-def hyper_walk(q, free, h, increments, uniforms, acceptances{shared}):
+def hyper_walk(q, free, h, increments, uniforms, acceptances, draw_noise, factor, scale{shared}):
+    size = free.size
+    if draw_noise:  # increments scale * factor @ z, z standard normal; uniforms on (0, 1)
+        z = np.empty(size)
+        for m in range(increments.shape[0]):
+            for j in range(size):
+                z[j] = np.random.standard_normal()
+            for i in range(size):
+                total = 0.0
+                for j in range(size):
+                    total += factor[i, j] * z[j]
+                increments[m, i] = scale * total
+            uniforms[m] = np.random.random()
     point = q.copy()
     h = h.copy()
-    for i in range(free.size):
+    for i in range(size):
         point[free[i]] = h[i]
     current = prior(point{shared})[0].item()
+    accepted = 0
     for m in range(increments.shape[0]):
-        for i in range(free.size):
+        for i in range(size):
             point[free[i]] = h[i] + increments[m, i]
         candidate = prior(point{shared})[0].item()
         log_ratio = candidate - current
         acceptance = math.exp(min(log_ratio, 0.0)) if math.isfinite(log_ratio) else 0.0
         acceptances[m] = acceptance
         if uniforms[m] < acceptance:
-            for i in range(free.size):
+            for i in range(size):
                 h[i] += increments[m, i]
             current = candidate
-    return h
+            accepted += 1
+    return h, accepted
 """
 
 
@@ -74,24 +92,53 @@ class CompiledHyperWalk:
         self._driver = _driver(prior)
 
     def moves(self, q: np.ndarray) -> WalkMoves:
-        """Return the moves from the step's point ``q`` (its ``free`` coordinates replaced)."""
+        """Return the moves from the step's point ``q`` (its ``free`` coordinates replaced).
+
+        Their noise comes from Numba's generator (the module docstring).
+        """
 
         def moves(
-            h: np.ndarray, increments: np.ndarray, uniforms: np.ndarray
-        ) -> tuple[np.ndarray, np.ndarray]:
-            acceptances = np.zeros(uniforms.size)
-            end = self._driver(
+            h: np.ndarray, factor: np.ndarray, scale: float
+        ) -> tuple[np.ndarray, np.ndarray, int]:
+            acceptances = np.empty(MOVES)
+            end, accepted = self._driver(
                 q,
                 self._free,
                 np.asarray(h, dtype=np.float64),
-                np.ascontiguousarray(increments),
-                uniforms,
+                np.empty((MOVES, self._free.size)),
+                np.empty(MOVES),
                 acceptances,
+                True,
+                np.ascontiguousarray(factor, dtype=np.float64),
+                float(scale),
                 *self._prior.implicit_values(),
             )
-            return end, acceptances
+            return end, acceptances, accepted
 
         return moves
+
+    def given_moves(
+        self, q: np.ndarray, h: np.ndarray, increments: np.ndarray, uniforms: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Make the moves from ``h`` through the given ``increments`` and ``uniforms``.
+
+        What :func:`~pymc_subsample.kernels.hyper_walk.walk` makes in Python: the end point
+        and every move's acceptance probability.
+        """
+        acceptances = np.zeros(uniforms.size)
+        end, _ = self._driver(
+            q,
+            self._free,
+            np.asarray(h, dtype=np.float64),
+            np.ascontiguousarray(increments, dtype=np.float64),
+            np.ascontiguousarray(uniforms, dtype=np.float64),
+            acceptances,
+            False,
+            np.eye(self._free.size),
+            1.0,
+            *self._prior.implicit_values(),
+        )
+        return end, acceptances
 
 
 def _driver(prior: NumbaKernel) -> Callable[..., Any]:

@@ -197,8 +197,10 @@ class GroupExpansion:
         """
         assert self.quadratics is not None
         quadratic = self.quadratics[f]
-        shift = np.zeros_like(quadratic.gradient)
         direct = self.functions.direct_coordinates
+        if not direct.size and len(self.quadratics) == 1:
+            return quadratic  # nothing to shift by (read-only: the sweeps never write to it)
+        shift = np.zeros_like(quadratic.gradient)
         if direct.size:
             offset = q[direct] - self.reference_q[direct]
             shift += np.einsum("gcd,d->gc", self.crosses[f], offset)
