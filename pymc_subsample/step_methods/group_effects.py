@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from functools import partial
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import pymc as pm
@@ -44,6 +44,9 @@ from pymc_subsample.step_methods.step_base import SubsampleStepBase
 from pymc_subsample.step_methods.stratification import WHOLE_GROUP_ROWS
 from pymc_subsample.warnings import warn_user
 
+if TYPE_CHECKING:
+    from pymc_subsample.step_methods.fused_group_path import FusedGroupSweep
+
 __all__ = ["GroupEffectsMH", "NotGroupEffects"]
 
 #: Default epsilon of each group's t-test (Korattikara et al. 2014, Algorithm 1).
@@ -68,6 +71,9 @@ DEFAULT_BATCH_SIZE = {T_TEST: 25, BARKER: 8}
 #: of two on the centred Poisson benchmark model; a fourth gave no more (the hyperparameters
 #: then mix slowest).
 DEFAULT_SWEEPS = {T_TEST: 1, BARKER: 3}
+#: The stats of a draw without hyperparameters, and without shared coefficients.
+NO_HYPER_MOVES = HyperWalkInfo(float("nan"), float("nan"))
+NO_SHARED_MOVE = SharedMoveInfo(0, False, False)
 #: Tuning draws after which the expansion moves to the chain's current point (each an O(N)
 #: pass): the start is often far from the posterior, and the proposal's quadratic model and
 #: the residuals' spread are best where the chain is.
@@ -302,6 +308,7 @@ class GroupEffectsMH(CompiledSweepParts, GroupMoves, SubsampleStepBase):
                 function.prefetch()
         self.strata: Strata | None = None
         self.layouts = self._layouts()
+        self._n_groups = sum(factor.n_groups for factor in self.factors)
         free = self.functions.free_coordinates
         self.hyperparameters = HyperWalk(int(free.size)) if free.size else None
         self.tune = True
@@ -377,6 +384,7 @@ class GroupEffectsMH(CompiledSweepParts, GroupMoves, SubsampleStepBase):
 
     def _rebuild_for_data(self) -> None:
         self.layouts = self._layouts()
+        self._n_groups = sum(factor.n_groups for factor in self.factors)
         self.cost = RowCost(self.oracles.n_rows)
         self.expansion.quadratics = None
 
@@ -444,6 +452,47 @@ class GroupEffectsMH(CompiledSweepParts, GroupMoves, SubsampleStepBase):
         point[coordinates[usable]] = x[usable] + step[usable]
         return float(np.max((np.abs(step) * np.sqrt(values))[usable], initial=0.0))
 
+    def _sweep_in_turns(
+        self, q: np.ndarray, fused: FusedGroupSweep | None
+    ) -> tuple[np.ndarray, GroupSweepInfo]:
+        """Sweep every factor :attr:`sweeps` times, the factors taking turns sweep by sweep.
+
+        Each factor's compiled sweep where ``fused`` is given, else the Python one; the
+        counts are summed over the sweeps.
+        """
+        totals = np.zeros(len(GroupSweepInfo._fields), dtype=np.int64)
+        for _ in range(self.sweeps):
+            for f, (factor, layout) in enumerate(zip(self.factors, self.layouts, strict=True)):
+                quadratic = self.expansion.shifted(f, q)
+                if fused is not None:
+                    q, info = fused.sweep(f, layout, self.batch_size, q, quadratic)
+                else:
+
+                    def terms(
+                        old: GroupParts,
+                        new: GroupParts,
+                        rows: np.ndarray,
+                        _groups: np.ndarray,
+                        residual: bool,
+                        f: int = f,
+                        point: np.ndarray = q,
+                    ) -> np.ndarray:
+                        return self._row_terms(f, point, point, old, new, rows, residual)
+
+                    q, info = group_effects_sweep(
+                        self.rng,
+                        q,
+                        factor.coordinates,
+                        partial(self.expansion.parts, f),
+                        quadratic,
+                        layout,
+                        terms,
+                        self.batch_size,
+                        self.test,
+                    )
+                totals += info
+        return q, GroupSweepInfo(*totals.tolist())
+
     def astep(self, q0: RaveledVars) -> tuple[RaveledVars, list[dict[str, Any]]]:
         """One sweep: every group of every factor proposed and tested once."""
         q = np.array(q0.data, dtype=np.float64)
@@ -461,65 +510,41 @@ class GroupEffectsMH(CompiledSweepParts, GroupMoves, SubsampleStepBase):
             self._tuning_count += 1
         assert self.expansion.quadratics is not None
         self._draws += 1
-        totals = dict.fromkeys(GroupSweepInfo._fields, 0)
         fused = self._fused_sweep()
-        factors = list(enumerate(zip(self.factors, self.layouts, strict=True)))
-        # One factor's sweeps leave its expansion as it is (it reads the other factors), so
-        # the compiled path makes them in one call; several factors take turns sweep by sweep.
-        per_call = self.sweeps if fused is not None and len(factors) == 1 else 1
-        calls = [
-            (f, factor, layout)
-            for _ in range(self.sweeps // per_call)
-            for f, (factor, layout) in factors
-        ]
-        for f, factor, layout in calls:
-            quadratic = self.expansion.shifted(f, q)
-            if fused is not None:
-                q, info = fused.sweep(f, layout, self.batch_size, q, quadratic, sweeps=per_call)
-            else:
-
-                def terms(
-                    old: GroupParts,
-                    new: GroupParts,
-                    rows: np.ndarray,
-                    _groups: np.ndarray,
-                    residual: bool,
-                    f: int = f,
-                    point: np.ndarray = q,
-                ) -> np.ndarray:
-                    return self._row_terms(f, point, point, old, new, rows, residual)
-
-                q, info = group_effects_sweep(
-                    self.rng,
-                    q,
-                    factor.coordinates,
-                    partial(self.expansion.parts, f),
-                    quadratic,
-                    layout,
-                    terms,
-                    self.batch_size,
-                    self.test,
-                )
-            for field, value in info._asdict().items():
-                totals[field] += value
+        if fused is not None and len(self.factors) == 1:
+            # One factor's sweeps leave its expansion as it is (it reads the other factors):
+            # the compiled path makes them in one call. (Kept short: Python run after the
+            # compiled sweep is slow, its code and data out of the caches.)
+            quadratic = self.expansion.shifted(0, q)
+            layout = self.layouts[0]
+            q, info = fused.sweep(0, layout, self.batch_size, q, quadratic, sweeps=self.sweeps)
+            n_data, n_accepted, n_full_groups, n_nonfinite = info
+        else:
+            q, (n_data, n_accepted, n_full_groups, n_nonfinite) = self._sweep_in_turns(q, fused)
         if self.expansion.ridges:
             q = self._move_ridges(q)
-        hyper = HyperWalkInfo(float("nan"), float("nan"))
+        hyper = NO_HYPER_MOVES
         if self.hyperparameters is not None:
             q, hyper = self._move_hyperparameters(q)
-        shared = SharedMoveInfo(0, False, False)
+        shared = NO_SHARED_MOVE
         if self.functions.direct_coordinates.size:
             q, shared = self._move_shared(q)
-            totals["n_data"] += shared.shared_n_data
+            n_data += shared.shared_n_data
         if not self.tune and not self.test.exact:  # exact decisions read every row, as asked
-            self._check_cost(totals["n_data"])
-        n_groups = sum(factor.n_groups for factor in self.factors)
+            self._check_cost(n_data)
+        n_groups = self._n_groups
         stats: dict[str, Any] = {
-            **totals,
-            **hyper._asdict(),
-            **shared._asdict(),
+            "n_data": n_data,
+            "n_accepted": n_accepted,
+            "n_full_groups": n_full_groups,
+            "n_nonfinite": n_nonfinite,
+            "hyper_accept_rate": hyper.hyper_accept_rate,
+            "hyper_scale": hyper.hyper_scale,
+            "shared_n_data": shared.shared_n_data,
+            "shared_accepted": shared.shared_accepted,
+            "shared_full_data": shared.shared_full_data,
             "n_groups": n_groups,
-            "accept_rate": totals["n_accepted"] / max(n_groups * self.sweeps, 1),
+            "accept_rate": n_accepted / max(n_groups * self.sweeps, 1),
             "error_tolerance": self.error_tolerance if self.test.kind == T_TEST else np.nan,
             "batch_size": self.batch_size,
         }
