@@ -135,6 +135,9 @@ class FusedGroupSweep:
         self._critical: dict[tuple[int, int], np.ndarray] = {}
         # The last layout's test arguments after reference_q (they change with the layout).
         self._layout_arguments: tuple[GroupRows, int, tuple[Any, ...]] | None = None
+        self._last_quadratic: tuple[GroupQuadratic, tuple[np.ndarray, ...]] | None = None
+        #: Each factor's and number of sweeps' noise buffers, filled by the driver's calls.
+        self._noise: dict[tuple[int, int], tuple[np.ndarray, ...]] = {}
 
     def sweep(
         self,
@@ -158,22 +161,24 @@ class FusedGroupSweep:
         """
         coordinates = self._coordinates[f]
         draw_noise = noise is None
-        if noise is None:
-            n_groups, k = coordinates.shape
-            noise = (
-                np.empty((sweeps, n_groups, k)),
-                np.empty((sweeps, n_groups)),
-                np.empty((sweeps, n_groups)),
-            )
+        buffers: tuple[np.ndarray, ...]
+        if noise is None:  # filled by the call: buffers kept from call to call
+            buffers = self._noise.get((f, sweeps)) or ()
+            if not buffers:
+                n_groups, k = coordinates.shape
+                buffers = self._noise[f, sweeps] = (
+                    np.empty((sweeps, n_groups, k)),
+                    np.empty((sweeps, n_groups)),
+                    np.empty((sweeps, n_groups)),
+                )
+        else:
+            buffers = tuple(np.ascontiguousarray(values, dtype=np.float64) for values in noise)
         counts = np.zeros(len(fused_groups.COUNT_FIELDS) + 1, dtype=np.int64)
-        contiguous = np.ascontiguousarray
         result = self._sweeps[f](
             q,
             coordinates,
-            contiguous(quadratic.reference_cells, dtype=np.float64),
-            contiguous(quadratic.gradient, dtype=np.float64),
-            contiguous(quadratic.hessian, dtype=np.float64),
-            *(contiguous(values, dtype=np.float64) for values in noise),
+            *self._quadratic_arguments(quadratic),
+            *buffers,
             draw_noise,
             *self._test_arguments(rows, batch_size),
             counts,
@@ -224,6 +229,21 @@ class FusedGroupSweep:
             return accept, DecisionCounts(*(int(count) for count in counts))
 
         return decide
+
+    def _quadratic_arguments(self, quadratic: GroupQuadratic) -> tuple[np.ndarray, ...]:
+        """Return the expansion's reference cells, gradient and Hessian as the drivers read them.
+
+        Kept for the last expansion given: one factor's is the same object from draw to draw
+        (``GroupExpansion.shifted``), until the expansion moves.
+        """
+        cached = self._last_quadratic
+        if cached is None or cached[0] is not quadratic:
+            arrays = tuple(
+                np.ascontiguousarray(values, dtype=np.float64)
+                for values in (quadratic.reference_cells, quadratic.gradient, quadratic.hessian)
+            )
+            cached = self._last_quadratic = (quadratic, arrays)
+        return cached[1]
 
     def _test_arguments(self, rows: GroupRows, batch_size: int) -> tuple[Any, ...]:
         """Return the drivers' arguments from ``reference_q`` to the correction's sd."""
