@@ -55,6 +55,7 @@ PARTS = frozenset(
         "group_compiled",
         "group_expansion",
         "group_moves",
+        "group_recentring",
         "progress",
         "proposal_parts",
         "sgfs_checks",

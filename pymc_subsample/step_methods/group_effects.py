@@ -21,8 +21,6 @@ from pymc_subsample.kernels.group_effects import (
     SharedMoveInfo,
     group_effects_sweep,
     group_rows,
-    model_derivatives,
-    newton_gaussian,
 )
 from pymc_subsample.kernels.group_tests import BARKER, T_TEST, GroupTest
 from pymc_subsample.kernels.hyper_walk import HyperWalk, HyperWalkInfo
@@ -40,6 +38,7 @@ from pymc_subsample.step_methods.diagnostics import RowCost
 from pymc_subsample.step_methods.group_compiled import CompiledSweepParts
 from pymc_subsample.step_methods.group_expansion import PASS_ROWS, GroupExpansion
 from pymc_subsample.step_methods.group_moves import GroupMoves
+from pymc_subsample.step_methods.group_recentring import START_NEWTON_STEPS, GroupRecentring
 from pymc_subsample.step_methods.step_base import SubsampleStepBase
 from pymc_subsample.step_methods.stratification import WHOLE_GROUP_ROWS
 from pymc_subsample.warnings import warn_user
@@ -86,13 +85,6 @@ RECENTRE_AT = (10, 50, 200)
 #: from 304-934 to 1,002-1,070 in 2 x 2,000 draws, of ``AusterityMH()`` from 2,168-2,243 to
 #: 2,646-2,707).
 MEAN_FROM = RECENTRE_AT[1]
-#: Newton steps of the expansion point at a chain's start, at most, and the move (in
-#: conditional sds) under which it stops.
-START_NEWTON_STEPS = 12
-SETTLED = 0.01
-#: Longest Newton move of an effect at a chain's start, in the variables' own
-#: (unconstrained) units.
-NEWTON_MOVE = 1.0
 
 
 class NotGroupEffects(ValueError):
@@ -119,7 +111,7 @@ class GroupEffectsState(StepMethodState):
     tune: bool
 
 
-class GroupEffectsMH(CompiledSweepParts, GroupMoves, SubsampleStepBase):
+class GroupEffectsMH(CompiledSweepParts, GroupMoves, GroupRecentring, SubsampleStepBase):
     r"""Sample a hierarchical model by its structure: one test per group, on its own rows.
 
     In a hierarchical model the group effects (``a`` in ``a = pm.Normal("a", mu, sd,
@@ -399,58 +391,6 @@ class GroupEffectsMH(CompiledSweepParts, GroupMoves, SubsampleStepBase):
             self.hyperparameters.reset()
         for walk in self._ridge_walks:
             walk.reset()
-
-    def _recentre(self, q: np.ndarray, newton_steps: int = 0) -> None:
-        """Expand every group's likelihood around its current cells, or near its mode.
-
-        With ``newton_steps``, the expansion point first moves by up to that many rounds of
-        Newton steps, one block at a time (each factor's effects, then the shared
-        coefficients), each after a pass over the rows at the point the last block left:
-        blocks moved at once would each absorb the same misfit (an intercept and the groups'
-        effects it is confounded with) and overshoot together. It stops once no block moved
-        by more than :data:`SETTLED` of its conditional sd: a chain's start is often far out,
-        where the expansion would make poor proposals.
-        """
-        self.oracles.freeze_shared()
-        point = q.copy()
-        blocks: list[int | None] = [*range(len(self.factors))]
-        if self.functions.direct_coordinates.size:
-            blocks.append(None)
-        for _ in range(newton_steps):
-            largest = 0.0
-            for block in blocks:
-                self.expansion.expand(point)
-                largest = max(largest, self._newton_block(point, block))
-            if largest < SETTLED:
-                break
-        self.expansion.expand(point)
-        if len(self._ridge_walks) != len(self.expansion.ridges):
-            self._ridge_walks = [HyperWalk(1) for _ in self.expansion.ridges]
-
-    def _newton_block(self, point: np.ndarray, block: int | None) -> float:
-        """Move one block of ``point`` by a capped Newton step; its largest move in sds.
-
-        A Newton step from far out can overshoot without bound (a log link's rows grow like
-        the exponential of the move): at most :data:`NEWTON_MOVE` per coordinate.
-        """
-        assert self.expansion.quadratics is not None
-        if block is None:
-            coordinates = self.functions.direct_coordinates[None, :]
-            gradient, hessian = self.expansion.shared_model(point)
-            derivatives = (gradient[None], hessian[None])
-        else:
-            coordinates = self.factors[block].coordinates
-            derivatives = model_derivatives(
-                self.expansion.parts(block, point), self.expansion.shifted(block, point)
-            )
-        x = point[coordinates]
-        mode, _, values = newton_gaussian(x, *derivatives)
-        step = mode - x
-        longest = np.max(np.abs(step), axis=1, keepdims=True, initial=0.0)
-        step = step * np.minimum(1.0, NEWTON_MOVE / np.maximum(longest, 1e-300))
-        usable = np.isfinite(step).all(axis=1)
-        point[coordinates[usable]] = x[usable] + step[usable]
-        return float(np.max((np.abs(step) * np.sqrt(values))[usable], initial=0.0))
 
     def _sweep_in_turns(
         self, q: np.ndarray, fused: FusedGroupSweep | None
