@@ -238,7 +238,8 @@ def test_a_stage_draws_each_groups_own_rows_uniformly():
         assert np.all(np.abs(counts - draw * share) <= 5 * np.sqrt(draw * share * (1 - share)))
 
 
-def test_the_compiled_hyperparameter_walk_makes_the_python_walks_moves():
+def _centred_normal_step():
+    """A centred Normal hierarchy's default group step (its walk compiles), and the generator."""
     group, rng = _groups()
     y = rng.normal(rng.normal(0.3, 0.8, len(SIZES))[group], 1.0)
     with pm.Model(coords={"group": range(len(SIZES))}):
@@ -246,7 +247,11 @@ def test_the_compiled_hyperparameter_walk_makes_the_python_walks_moves():
         sd = pm.HalfNormal("sd", 1.0)
         a = pm.Normal("a", mu, sd, dims="group")
         pm.Normal("y", a[pm.Data("g", group)], 1.0, observed=y)
-        step = GroupEffectsMH()
+        return GroupEffectsMH(), rng
+
+
+def test_the_compiled_hyperparameter_walk_makes_the_python_walks_moves():
+    step, rng = _centred_normal_step()
     compiled = step._compiled_walk()
     assert compiled is not None and step.draw_path == "fused"
     free = step.functions.free_coordinates
@@ -280,14 +285,7 @@ def test_the_compiled_hyperparameter_walk_draws_its_increments_from_the_proposal
     (identity) or transposes it (``F^T F = [[6.25, 0.75], [0.75, 0.25]]``) is off by 2.25 or
     more.
     """
-    group, rng = _groups()
-    y = rng.normal(rng.normal(0.3, 0.8, len(SIZES))[group], 1.0)
-    with pm.Model(coords={"group": range(len(SIZES))}):
-        mu = pm.Normal("mu", 0.0, 1.0)
-        sd = pm.HalfNormal("sd", 1.0)
-        a = pm.Normal("a", mu, sd, dims="group")
-        pm.Normal("y", a[pm.Data("g", group)], 1.0, observed=y)
-        step = GroupEffectsMH()
+    step, _ = _centred_normal_step()
     compiled = step._compiled_walk()
     assert compiled is not None
     free = step.functions.free_coordinates

@@ -100,20 +100,8 @@ class CompiledHyperWalk:
         def moves(
             h: np.ndarray, factor: np.ndarray, scale: float
         ) -> tuple[np.ndarray, np.ndarray, int]:
-            acceptances = np.empty(MOVES)
-            end, accepted = self._driver(
-                q,
-                self._free,
-                np.asarray(h, dtype=np.float64),
-                np.empty((MOVES, self._free.size)),
-                np.empty(MOVES),
-                acceptances,
-                True,
-                np.ascontiguousarray(factor, dtype=np.float64),
-                float(scale),
-                *self._prior.implicit_values(),
-            )
-            return end, acceptances, accepted
+            increments, uniforms = np.empty((MOVES, self._free.size)), np.empty(MOVES)
+            return self._walk(q, h, increments, uniforms, (factor, scale))
 
         return moves
 
@@ -125,20 +113,33 @@ class CompiledHyperWalk:
         What :func:`~pymc_subsample.kernels.hyper_walk.walk` makes in Python: the end point
         and every move's acceptance probability.
         """
+        end, acceptances, _ = self._walk(q, h, increments, uniforms, None)
+        return end, acceptances
+
+    def _walk(
+        self,
+        q: np.ndarray,
+        h: np.ndarray,
+        increments: np.ndarray,
+        uniforms: np.ndarray,
+        noise: tuple[np.ndarray, float] | None,
+    ) -> tuple[np.ndarray, np.ndarray, int]:
+        """Call the driver; ``noise`` is the increments' factor and scale where it draws them."""
+        factor, scale = (np.eye(self._free.size), 1.0) if noise is None else noise
         acceptances = np.zeros(uniforms.size)
-        end, _ = self._driver(
+        end, accepted = self._driver(
             q,
             self._free,
             np.asarray(h, dtype=np.float64),
             np.ascontiguousarray(increments, dtype=np.float64),
             np.ascontiguousarray(uniforms, dtype=np.float64),
             acceptances,
-            False,
-            np.eye(self._free.size),
-            1.0,
+            noise is not None,
+            np.ascontiguousarray(factor, dtype=np.float64),
+            float(scale),
             *self._prior.implicit_values(),
         )
-        return end, acceptances
+        return end, acceptances, accepted
 
 
 def _driver(prior: NumbaKernel) -> Callable[..., Any]:

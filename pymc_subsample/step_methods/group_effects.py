@@ -376,7 +376,6 @@ class GroupEffectsMH(CompiledSweepParts, GroupMoves, GroupRecentring, SubsampleS
 
     def _rebuild_for_data(self) -> None:
         self.layouts = self._layouts()
-        self._n_groups = sum(factor.n_groups for factor in self.factors)
         self.cost = RowCost(self.oracles.n_rows)
         self.expansion.quadratics = None
 
