@@ -31,6 +31,7 @@ import pytest
 from pymc_subsample import GroupEffectsMH
 from pymc_subsample.kernels.fused import seed_generator
 from pymc_subsample.kernels.fused_groups import draw_group_rows
+from pymc_subsample.kernels.fused_proposals import take_groups
 from pymc_subsample.kernels.group_effects import decide_on_rows, group_effects_sweep, group_rows
 from pymc_subsample.kernels.hyper_walk import walk
 from pymc_subsample.step_methods.fused_group_path import FusedGroupSweep
@@ -307,3 +308,24 @@ def test_the_compiled_hyperparameter_walk_draws_its_increments_from_the_proposal
     expected = factor @ factor.T
     np.testing.assert_allclose(covariance, expected, atol=0.2 * np.max(np.diag(expected)))
     assert np.all(np.abs(sums.mean(axis=0)) < 5 * np.sqrt(16 * np.diag(expected) / 2000))
+
+
+def test_a_sweep_carries_the_accepted_groups_rows_and_leaves_another_factors_table():
+    # Between sweeps the compiled sweep carries each accepted group's parts, effects and
+    # proposal at its proposed effects: row g of every (G, ...) array; a table of another
+    # factor (another row count) is not this factor's and is kept as it is.
+    take = np.array([True, False, True])
+    rng = np.random.default_rng(0)
+    for shape in [(3,), (3, 2), (3, 2, 2)]:
+        current, proposed = rng.normal(size=shape), rng.normal(size=shape)
+        carried = take_groups(current, proposed, take)
+        np.testing.assert_array_equal(carried[take], proposed[take])
+        np.testing.assert_array_equal(carried[~take], current[~take])
+        assert carried is not current and carried.flags.c_contiguous
+    other = rng.normal(size=(5, 1))
+    np.testing.assert_array_equal(take_groups(other, rng.normal(size=(5, 1)), take), other)
+    # A transposed (not C-contiguous) array is carried by its rows all the same.
+    current, proposed = rng.normal(size=(2, 3)).T, rng.normal(size=(2, 3)).T
+    carried = take_groups(current, proposed, take)
+    np.testing.assert_array_equal(carried[take], proposed[take])
+    np.testing.assert_array_equal(carried[~take], current[~take])

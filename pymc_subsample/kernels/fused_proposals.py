@@ -30,6 +30,7 @@ __all__ = [
     "fill_sweep_noise",
     "newton_proposal",
     "proposal_terms",
+    "take_groups",
     "with_effects",
 ]
 
@@ -147,4 +148,26 @@ def with_effects(
             for i in range(k):
                 if math.isfinite(x_new[g, i]):
                     out[coordinates[g, i]] = x_new[g, i]
+    return out
+
+
+@_jit
+def take_groups(current: np.ndarray, proposed: np.ndarray, take: np.ndarray) -> np.ndarray:
+    """Return a C-contiguous copy of ``current`` with the rows of ``proposed`` where ``take``.
+
+    The rows are the factor's groups: a sweep's accepted groups carry their values at the
+    proposed effects into the next sweep (the factor's parts, effects and Newton proposal).
+    An array whose rows are not the factor's groups (another factor's table, which this
+    factor's sweep does not change) is copied as it is.
+    """
+    out = np.ascontiguousarray(current).copy()
+    if current.shape[0] != take.size:
+        return out
+    # Row by row as (G, m) matrices: a row view per group would count references each time.
+    rows_out = out.reshape((take.size, -1))
+    rows_new = np.ascontiguousarray(proposed).reshape((take.size, -1))
+    for g in range(take.size):
+        if take[g]:
+            for j in range(rows_out.shape[1]):
+                rows_out[g, j] = rows_new[g, j]
     return out

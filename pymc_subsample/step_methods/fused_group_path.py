@@ -56,7 +56,7 @@ _NEWTON_KERNELS = (
     "small_symmetric_eigen",
 )
 #: Bump when a generated driver's source changes (the key of its disk cache includes it).
-DRIVER_VERSION = 4
+DRIVER_VERSION = 5
 
 
 def fused_group_obstacle(oracles: ModelOracles) -> str | None:
@@ -376,17 +376,21 @@ def group_sweep(
         fill_sweep_noise(normals, scales, log_u)
     every_group = np.ones(coordinates.shape[0], dtype=np.bool_)
     sweep_counts = np.zeros(counts.size, dtype=np.int64)
+    # The parts, effects and Newton proposal at q; a sweep's accepted groups carry theirs at
+    # the proposed effects into the next sweep (a group's parts read its own effects alone).
+    raw = parts(q{parts_shared})
+    old = ({old_parts})
+    x = effects_of(q, coordinates)
+    gradient, hessian = cell_model_derivatives(
+        old[1], old[2], old[3], old[4], reference_cells, cell_gradient, cell_hessian
+    )
+    precision, finite = newton_precision(gradient, hessian)
+    values, vectors = {eigen}(precision)
+    forward = (newton_mean(x, gradient, finite, values, vectors), vectors, values)
     for s in range(normals.shape[0]):
-        old = parts(q{parts_shared})
-        x = effects_of(q, coordinates)
-        gradient, hessian = cell_model_derivatives(
-            old[1], old[2], old[3], old[4], reference_cells, cell_gradient, cell_hessian
-        )
-        precision, finite = newton_precision(gradient, hessian)
-        values, vectors = {eigen}(precision)
-        forward = (newton_mean(x, gradient, finite, values, vectors), vectors, values)
         x_new = newton_proposal(forward[0], forward[1], forward[2], normals[s], scales[s])
-        new = parts(with_effects(q, coordinates, x_new, every_group){parts_shared})
+        raw = parts(with_effects(q, coordinates, x_new, every_group){parts_shared})
+        new = ({new_parts})
         gradient, hessian = cell_model_derivatives(
             new[1], new[2], new[3], new[4], reference_cells, cell_gradient, cell_hessian
         )
@@ -408,6 +412,14 @@ def group_sweep(
             counts[field] += sweep_counts[field]
         counts[3] += accept.sum()
         q = with_effects(q, coordinates, x_new, accept)
+        if s + 1 < normals.shape[0]:
+            old = ({old_taken})
+            x = take_groups(x, x_new, accept)
+            forward = (
+                take_groups(forward[0], backward[0], accept),
+                take_groups(forward[1], backward[1], accept),
+                take_groups(forward[2], backward[2], accept),
+            )
     return q
 """
 
@@ -433,8 +445,11 @@ def _source(
     return template.format(
         old=arguments("old", n_tables),
         new=arguments("new", n_tables),
-        old_tables="".join(f", np.ascontiguousarray(old[{5 + k}])" for k in range(n_tables)),
-        new_tables="".join(f", np.ascontiguousarray(new[{5 + k}])" for k in range(n_tables)),
+        old_tables="".join(f", old[{5 + k}]" for k in range(n_tables)),
+        new_tables="".join(f", new[{5 + k}]" for k in range(n_tables)),
+        old_parts=_parts_tuple("np.ascontiguousarray(raw[{k}])", n_tables),
+        new_parts=_parts_tuple("np.ascontiguousarray(raw[{k}])", n_tables),
+        old_taken=_parts_tuple("take_groups(old[{k}], new[{k}], accept)", n_tables),
         reference=arguments("reference", n_tables),
         data=arguments("data", n_data),
         parts_shared=arguments("parts_shared", n_parts_shared),
@@ -444,6 +459,13 @@ def _source(
         growth=STAGE_GROWTH,
         eigen=eigen,
     )
+
+
+def _parts_tuple(element: str, n_tables: int) -> str:
+    """Write a tuple of ``element`` for each of a factor's parts (``GroupParts``, flattened)."""
+    # Every field but the tables, then each table.
+    n_parts = len(GroupParts._fields) - 1 + n_tables
+    return "".join(element.format(k=k) + ", " for k in range(n_parts))
 
 
 @cache
