@@ -97,6 +97,28 @@ def test_flat_hyperparameters_of_a_hierarchy_do_not_warn(group_effects):
         pms.AusterityMH(vars=[tau], group_effects=False)
 
 
+@pytest.mark.parametrize("group_effects", ["auto", False])
+def test_a_non_centred_hierarchys_flat_scale_does_not_warn(group_effects):
+    """``tau * z[g]``: at the initial point z = 0, and no row changes along tau there.
+
+    The data identify tau everywhere else (the spread of the groups' means). On the main before
+    this case, the check read the scores at the initial point and named tau "probably
+    improper"; it now reads them at that point jittered.
+    """
+    rng = np.random.default_rng(3)
+    group = rng.integers(0, 12, 3_000)
+    x = rng.normal(size=group.size)
+    y = 0.3 + 0.5 * rng.normal(size=12)[group] + 0.7 * x + rng.normal(size=group.size)
+    with pm.Model() as model:
+        mu = pm.Flat("mu")
+        tau = pm.HalfFlat("tau")
+        z = pm.Normal("z", 0.0, 1.0, shape=12)
+        beta = pm.Normal("beta", 0.0, 5.0)
+        pm.Normal("y", mu + tau * z[pm.Data("g", group)] + beta * pm.Data("x", x), 1.0, observed=y)
+    said = [str(w.message) for w in _step_warnings(model, group_effects=group_effects)]
+    assert not [message for message in said if "improper" in message], said
+
+
 def test_unidentified_coordinates_names_the_flat_direction():
     x = np.random.default_rng(1).normal(size=(50, 3))
     x = np.column_stack([x, 2.0 * x[:, 1] - x[:, 2]])

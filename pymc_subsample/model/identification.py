@@ -5,9 +5,12 @@ it to the data: if the likelihood is flat along a direction of those parameters 
 that is a combination of others, a parameter that no row depends on) the posterior is flat there
 too, has no normalising constant, and a chain drifts without bound whatever the step.
 
-The test is the empirical Fisher information of the flat-prior coordinates at the initial point,
-``F = sum_i s_i s_i^T`` with ``s_i`` the row's score: ``v^T F v = sum_i (s_i . v)^2`` is zero
-exactly when no row's log-likelihood changes, to first order, along ``v``. In a model whose rows
+The test is the empirical Fisher information of the flat-prior coordinates near the initial
+point, ``F = sum_i s_i s_i^T`` with ``s_i`` the row's score: ``v^T F v = sum_i (s_i . v)^2`` is
+zero exactly when no row's log-likelihood changes, to first order, along ``v``. It is read at
+the initial point jittered (a fixed seed, as the self-check's): at the initial point itself a
+non-centred hierarchy's ``z`` is 0, and the rows do not change along its flat scale ``tau`` in
+``tau * z[g]`` there, though they identify it everywhere else. In a model whose rows
 are linear in the parameters (regressions with an identity or GLM link) this does not depend on
 the point, so a singular ``F`` is the improper posterior itself; elsewhere it is a warning sign
 that the user can check. What it cannot see is a likelihood that is bounded but never peaks, such
@@ -45,6 +48,9 @@ MAX_ROWS = 100_000
 SINGULAR = 1e-10
 #: Components of the flat direction below this share of its largest are not named.
 NAMED_SHARE = 0.1
+#: The check's point is the initial one plus normal noise of this sd, from this seed.
+JITTER_SD = 0.3
+JITTER_SEED = 20_161_017
 
 
 def flat_prior_coordinates(
@@ -167,7 +173,8 @@ def warn_if_unidentified(
     n_rows : int
         Rows in the data; at most :data:`MAX_ROWS` of them are read, once, at set-up.
     q : ndarray
-        The point (the step's initial point).
+        The step's initial point, continuous everywhere; the scores are read at it jittered
+        (module doc), or at it where a jittered row's score is not finite.
     chunk_size : int, default 8192
         Rows per call of ``score_rows``.
     """
@@ -184,10 +191,10 @@ def warn_if_unidentified(
         if n_rows <= MAX_ROWS
         else np.linspace(0, n_rows - 1, MAX_ROWS).astype("int64")
     )
-    fisher = np.zeros((index.size, index.size))
-    for start in range(0, rows.size, chunk_size):
-        scores = score_rows(q, rows[start : start + chunk_size])[:, index]
-        fisher += scores.T @ scores
+    jittered = q + np.random.default_rng(JITTER_SEED).normal(scale=JITTER_SD, size=q.size)
+    fisher = _fisher_information(score_rows, jittered, rows, index, chunk_size)
+    if not np.all(np.isfinite(fisher)):
+        fisher = _fisher_information(score_rows, q, rows, index, chunk_size)
     unidentified = unidentified_coordinates(fisher, labels)
     if unidentified:
         warn_user(
@@ -195,8 +202,24 @@ def warn_if_unidentified(
             f"{'has a flat prior' if len(unidentified) == 1 else 'have flat priors'} "
             "(pm.Flat or pm.HalfFlat) and the data do not identify "
             f"{'it' if len(unidentified) == 1 else 'them, or a combination of them'} (no "
-            "row's log-likelihood changes along that direction at the initial point). The "
+            "row's log-likelihood changes along that direction near the initial point). The "
             "posterior is then flat in that direction and chains drift without bound, with "
             "this step or any other. Give these parameters proper priors (for example "
             "pm.Normal(name, 0, 10)) or remove the predictors that repeat others."
         )
+
+
+def _fisher_information(
+    score_rows: Callable[[np.ndarray, np.ndarray], np.ndarray],
+    q: np.ndarray,
+    rows: np.ndarray,
+    index: np.ndarray,
+    chunk_size: int,
+) -> np.ndarray:
+    """``sum_i s_i s_i^T`` over ``rows``, the scores' entries at ``index`` only, at ``q``."""
+    fisher = np.zeros((index.size, index.size))
+    with np.errstate(all="ignore"):
+        for start in range(0, rows.size, chunk_size):
+            scores = score_rows(q, rows[start : start + chunk_size])[:, index]
+            fisher += scores.T @ scores
+    return fisher
