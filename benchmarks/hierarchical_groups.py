@@ -52,14 +52,13 @@ Cost: nutpie's numba gradient of the logistic models takes about 130 ns a row on
 5 ns), so nutpie on ``noncentred_logistic_1000`` takes about 3 s an iteration (one chain of
 150 + 100 took 742 s; the default 2 x 2,000 would take over 3 hours) and on
 ``noncentred_logistic_200`` about 0.6 s. ``results/hierarchical_groups.json`` holds (see its
-``models`` entries) runs from three commits. On the latest (a group step's later sweeps
-starting from the last sweep's parts), ``--models centred_poisson --timeout 1200`` (4 minutes, nutpie, its
-reference and the one-block step included; its entry's ``note`` compares the commit before,
-rerun the same day). On an earlier one (Barker's group step with 8 rows a group and three
-sweeps): ``--models crossed_normal --timeout 1200`` twice (other work
-had shared the machine during the first crossed runs), and ``--models noncentred_logistic_200
---nutpie-draws noncentred_logistic_200=150:150 --exact-reference noncentred_logistic_200`` (16
-minutes, the exact reference 8 of them). On an earlier commit: ``--models
+``models`` entries) runs from three commits. On the latest two (a group step's later sweeps
+starting from the last sweep's parts; the second changed nothing the benchmark runs):
+``--models centred_poisson --timeout 1200`` (4 minutes, nutpie, its reference and the one-block
+step included; its entry's ``note`` compares the commit before, rerun the same day), ``--models
+crossed_normal --timeout 1200`` (3 minutes) and ``--models noncentred_logistic_200
+--nutpie-draws noncentred_logistic_200=150:150 --exact-reference noncentred_logistic_200`` (13
+minutes, the exact reference 9 of them). On an earlier commit: ``--models
 noncentred_logistic_1000 --samplers austerity barker --nutpie-draws
 noncentred_logistic_1000=100:100 --exact-reference noncentred_logistic_1000 --reuse
 nutpie=FILE exact=FILE``, whose reused runs are JSON lines that ``--child`` processes printed
