@@ -85,7 +85,7 @@ def laplace_log_weight_sd(
                     + 0.5 * offset @ hessian_sum @ offset
                     + n_rows / rows.size * float(residuals.sum())
                 )
-            log_ratio = oracles.log_prior_ratio(draw, q) + loglik_ratio
+            log_ratio = oracles.setup_log_prior_ratio(draw, q) + loglik_ratio
             log_weights[k] = log_ratio + 0.5 * noise @ noise
         return float(np.std(log_weights)) if np.all(np.isfinite(log_weights)) else np.inf
 

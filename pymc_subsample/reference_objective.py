@@ -27,7 +27,7 @@ def log_posterior(oracles: ModelOracles, q: np.ndarray, counts: dict[str, int]) 
     """Full-data log posterior, summed in chunks of rows; -inf where it is not finite."""
     # Far from the mode the row densities may overflow: that is a -inf (rejected) point here.
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-        total = oracles.log_prior(q) + loglik_sum(oracles, q, slice(0, oracles.n_rows))
+        total = oracles.setup_log_prior(q) + loglik_sum(oracles, q, slice(0, oracles.n_rows))
     counts["loglik"] += oracles.n_rows
     return total if np.isfinite(total) else -np.inf
 
@@ -58,11 +58,11 @@ def line_search(
         # below the smallest gain a line search asks for, 1e-4 of a decrement above 1e-4.
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
             value = loglik_sum(oracles, candidate, rows)
-            gain = oracles.log_prior_ratio(candidate, q) + scale * (value - loglik)
+            gain = oracles.setup_log_prior_ratio(candidate, q) + scale * (value - loglik)
         if np.isfinite(gain) and gain >= ARMIJO * alpha * decrement:
             if not isinstance(rows, slice):
                 return candidate, None
-            total = oracles.log_prior(candidate) + value
+            total = oracles.setup_log_prior(candidate) + value
             return candidate, total if np.isfinite(total) else None
         alpha *= 0.5
     return q, None

@@ -188,7 +188,7 @@ def _optimise(
         last = curvature if n_used == n_rows else None
         if n_used == n_rows:
             # The pass just read every row at q: its full-data log posterior comes with it.
-            at_q = oracles.log_prior(q) + sums.loglik
+            at_q = oracles.setup_log_prior(q) + sums.loglik
             known = (q, at_q) if np.isfinite(at_q) else None
             if unchecked is not None and not at_q >= unchecked.value:
                 # The quadratic model behind the unchecked step failed (on a non-centred

@@ -396,3 +396,27 @@ def test_collection_paused_restores_the_collector(enabled_before):
         assert gc.isenabled() is enabled_before
     finally:
         gc.enable()
+
+
+def test_the_set_up_prior_is_the_prior_and_leaves_the_draws_prior_uncompiled():
+    """The self-check and the reference search read the prior through its set-up functions.
+
+    They run on PyTensor's Python linker at first, so that a step whose draws read the prior
+    ratio's Numba kernel (the fused draw) compiles no prior of its own at set-up (0.7-0.9 s of
+    a logistic regression's cold build). Caught if the set-up functions gave other values, or
+    if the set-up compiled the draws' prior.
+    """
+    model = numpy_regression()
+    with model:
+        step = pms.AusterityMH()
+    assert step.draw_path == "fused"
+    functions = step.oracles._functions
+    # The fused draw compiled the prior ratio's kernel; nothing compiled the prior.
+    assert functions.prior_ratio.compiled and not functions.prior.compiled
+    assert functions.setup_prior.built
+    point = _jittered_point(model, seed=5)
+    q = DictToArrayBijection.map({v.name: point[v.name] for v in model.value_vars}).data
+    assert step.oracles.setup_log_prior(q) == pytest.approx(step.oracles.log_prior(q), rel=1e-12)
+    assert step.oracles.setup_log_prior_ratio(q + 0.1, q) == pytest.approx(
+        step.oracles.log_prior_ratio(q + 0.1, q), rel=1e-10, abs=1e-12
+    )

@@ -232,6 +232,20 @@ class ModelOracles(RowSums):
         """``log_prior(q_new) - log_prior(q_old)`` in one call."""
         return float(self._functions.prior_ratio(q_new, q_old))
 
+    def setup_log_prior(self, q: np.ndarray) -> float:
+        """:meth:`log_prior` for the set-up's few calls: interpreted until its budget is spent.
+
+        The self-check and the reference search call the prior a few dozen times; compiling
+        it for them (cold: seconds, for a function a fused draw never calls) would cost more
+        than running it on PyTensor's Python linker (``LazyFunction``, ``interpreted_first``).
+        The draws' callers use :meth:`log_prior`, compiled at its first call.
+        """
+        return float(self._functions.setup_prior(q))
+
+    def setup_log_prior_ratio(self, q_new: np.ndarray, q_old: np.ndarray) -> float:
+        """:meth:`log_prior_ratio` for the set-up's few calls (:meth:`setup_log_prior`)."""
+        return float(self._functions.setup_prior_ratio(q_new, q_old))
+
     def loglik_rows(self, q: np.ndarray, idx: Rows) -> np.ndarray:
         """Per-row log-likelihood of the rows ``idx`` (int64 indices or a slice); O(len(idx))."""
         return self._functions.rows(q, *self._gather(idx))

@@ -47,8 +47,8 @@ class CheckedOracles(Protocol):
         """Per-row log-likelihood of the rows ``idx``."""
         ...
 
-    def log_prior(self, q: np.ndarray) -> float:
-        """Return the prior part of the log-density."""
+    def setup_log_prior(self, q: np.ndarray) -> float:
+        """Return the prior part of the log-density (interpreted at first: set-up calls)."""
         ...
 
     def data_shapes(self) -> str:
@@ -127,13 +127,13 @@ def self_check(
             "X.mean(0) inside the model): do that in numpy before building the model. If an "
             f"array of length N={n_rows} is not row-aligned, name the row dim via obs_dim."
         )
-    _check_initial_finite(bad, oracles.log_prior(q0), names)
+    _check_initial_finite(bad, oracles.setup_log_prior(q0), names)
 
 
 def check_rows_finite(oracles: CheckedOracles, q0: np.ndarray) -> None:
     """Raise a ``ValueError`` naming the rows whose log-likelihood is not finite at ``q0``."""
     names = [str(rv.name) for rv in oracles.layout.row_rvs]
-    _check_initial_finite(_nonfinite_rows(oracles, q0), oracles.log_prior(q0), names)
+    _check_initial_finite(_nonfinite_rows(oracles, q0), oracles.setup_log_prior(q0), names)
 
 
 def _among_other_rows(

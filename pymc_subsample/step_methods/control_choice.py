@@ -232,4 +232,4 @@ class ControlVariateChoice:
         if control is None or control.distance_sq(q) <= control.limit:
             return q
         start = control.laplace_draw(self.rng)
-        return start if np.isfinite(self.oracles.log_prior(start)) else control.reference
+        return start if np.isfinite(self.oracles.setup_log_prior(start)) else control.reference
