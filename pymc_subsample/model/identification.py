@@ -29,6 +29,7 @@ from pytensor.graph.basic import Variable
 from pytensor.graph.traversal import ancestors
 from pytensor.tensor.variable import TensorVariable
 
+from pymc_subsample.model.self_check import JITTER_SD
 from pymc_subsample.warnings import warn_user
 
 __all__ = [
@@ -48,8 +49,7 @@ MAX_ROWS = 100_000
 SINGULAR = 1e-10
 #: Components of the flat direction below this share of its largest are not named.
 NAMED_SHARE = 0.1
-#: The check's point is the initial one plus normal noise of this sd, from this seed.
-JITTER_SD = 0.3
+#: The seed of the noise (``self_check.JITTER_SD``) that moves the check's point.
 JITTER_SEED = 20_161_017
 
 

@@ -19,6 +19,9 @@ __all__ = ["CheckedOracles", "check_rows_finite", "self_check"]
 
 #: Fixed seed of the construction-time self-check (deterministic, not a statistical test).
 _SELF_CHECK_SEED = 20140614
+#: The sd of the normal noise that moves a checked point away from the initial one, where a
+#: value such as 0 can hide what the check looks for (also ``identification.py``'s).
+JITTER_SD = 0.3
 #: Rows per call when the self-check reads every row at the initial point.
 _FINITE_CHUNK = 65_536
 #: Up to this many rows, the checked rows are compared with PyMC's own per-row terms, one
@@ -96,7 +99,7 @@ def self_check(
     sample = check_rng.choice(n_rows, size=min(n_rows, 6), replace=False)
     rows = np.unique(np.concatenate([[0, n_rows - 1], sample])).astype("int64")
     names = [str(rv.name) for rv in oracles.layout.row_rvs]
-    jittered = q0 + continuous * check_rng.normal(scale=0.3, size=q0.size)
+    jittered = q0 + continuous * check_rng.normal(scale=JITTER_SD, size=q0.size)
     try:
         subset = oracles.loglik_rows(jittered, rows)
         full_reference = n_rows <= _FULL_REFERENCE_ROWS and not oracles.rows_on_dask

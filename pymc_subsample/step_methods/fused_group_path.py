@@ -379,7 +379,7 @@ def group_sweep(
     # The parts, effects and Newton proposal at q; a sweep's accepted groups carry theirs at
     # the proposed effects into the next sweep (a group's parts read its own effects alone).
     raw = parts(q{parts_shared})
-    old = ({old_parts})
+    old = ({contiguous_parts})
     x = effects_of(q, coordinates)
     gradient, hessian = cell_model_derivatives(
         old[1], old[2], old[3], old[4], reference_cells, cell_gradient, cell_hessian
@@ -390,7 +390,7 @@ def group_sweep(
     for s in range(normals.shape[0]):
         x_new = newton_proposal(forward[0], forward[1], forward[2], normals[s], scales[s])
         raw = parts(with_effects(q, coordinates, x_new, every_group){parts_shared})
-        new = ({new_parts})
+        new = ({contiguous_parts})
         gradient, hessian = cell_model_derivatives(
             new[1], new[2], new[3], new[4], reference_cells, cell_gradient, cell_hessian
         )
@@ -447,8 +447,7 @@ def _source(
         new=arguments("new", n_tables),
         old_tables="".join(f", old[{5 + k}]" for k in range(n_tables)),
         new_tables="".join(f", new[{5 + k}]" for k in range(n_tables)),
-        old_parts=_parts_tuple("np.ascontiguousarray(raw[{k}])", n_tables),
-        new_parts=_parts_tuple("np.ascontiguousarray(raw[{k}])", n_tables),
+        contiguous_parts=_parts_tuple("np.ascontiguousarray(raw[{k}])", n_tables),
         old_taken=_parts_tuple("take_groups(old[{k}], new[{k}], accept)", n_tables),
         reference=arguments("reference", n_tables),
         data=arguments("data", n_data),
