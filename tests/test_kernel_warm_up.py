@@ -5,9 +5,10 @@ user's first build does. Deterministic: no Monte Carlo, no false failures.
 
 - The table of signatures holds the ones the drivers call: a fused draw and a group sweep
   built on empty caches compile every kernel of the table, each with signatures the table
-  lists (a wrong or missing entry fails: the helper would compile what no driver loads, and
-  this process the rest). The table lists a variant for each PyTensor version where they
-  differ.
+  lists (a wrong entry fails: the helper would compile what no driver loads), and every
+  kernel of those modules they compile is one the helper compiles, listed or a listed
+  kernel's callee (a missing entry fails: this process would compile it itself). The table
+  lists a variant for each PyTensor version where they differ.
 - The helper fills Numba's cache: after it, loading the kernels is all cache hits.
 - A build starts the helper only where the kernels are not cached, and waits for it.
 """
@@ -42,7 +43,23 @@ def _run(code: str, caches: Path) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-_COMPILED_SIGNATURES = """
+_REPORT_COMPILED = """
+import importlib
+from numba.core.registry import CPUDispatcher
+compiled = {}
+for module_name in warm_up.KERNEL_SIGNATURES:
+    module = importlib.import_module("pymc_subsample.kernels." + module_name)
+    for name, dispatcher in vars(module).items():
+        # Every kernel of the module compiled, in the table or not (a callee).
+        if isinstance(dispatcher, CPUDispatcher) and dispatcher.signatures:
+            compiled[module_name + "." + name] = [
+                [str(t) for t in signature] for signature in dispatcher.signatures
+            ]
+print(json.dumps(compiled))
+"""
+
+_COMPILED_SIGNATURES = (
+    """
 import json, warnings
 import numpy as np
 import pymc as pm
@@ -61,6 +78,8 @@ with pm.Model():
     pm.Poisson("y", mu=pm.math.exp(X @ b), observed=y)
     step = pms.AusterityMH()
     assert step.draw_path == "fused", step.draw_path
+    pm.sample(draws=2, tune=0, chains=1, step=step, progressbar=False,
+              compute_convergence_checks=False, random_seed=1)
 with pm.Model():
     mu = pm.Normal("mu", 0.0, 1.0)
     a = pm.Normal("a", mu, 1.0, shape=20)
@@ -70,28 +89,38 @@ with pm.Model():
     assert isinstance(step, pms.GroupEffectsMH), type(step)
     pm.sample(draws=2, tune=0, chains=1, step=step, progressbar=False,
               compute_convergence_checks=False, random_seed=1)
-compiled = {}
-for module, kernels in warm_up.KERNEL_SIGNATURES.items():
-    for (dispatcher, _), name in zip(warm_up._dispatchers([module]), kernels):
-        compiled[module + "." + name] = [
-            [str(t) for t in signature] for signature in dispatcher.signatures
-        ]
-print(json.dumps(compiled))
 """
+    + _REPORT_COMPILED
+)
+
+#: What the helper compiles: the table's kernels and their callees.
+_HELPER_COMPILES = (
+    """
+import json
+from pymc_subsample.kernels import warm_up
+
+warm_up.compile_kernels(list(warm_up.KERNEL_SIGNATURES))
+"""
+    + _REPORT_COMPILED
+)
 
 
 def test_the_table_holds_the_signatures_the_drivers_compile(tmp_path):
-    compiled = _run(_COMPILED_SIGNATURES, tmp_path)
+    compiled = _run(_COMPILED_SIGNATURES, tmp_path / "build")
     table = {
         f"{module}.{name}": [[str(t) for t in signature] for signature in signatures]
         for module, kernels in warm_up.KERNEL_SIGNATURES.items()
         for name, signatures in kernels.items()
     }
-    assert compiled.keys() == table.keys()
+    for kernel, signatures in table.items():
+        assert compiled.get(kernel), f"{kernel} was not compiled by any driver"
+        for signature in compiled[kernel]:
+            assert signature in signatures, (kernel, signature)
+    # Every kernel the builds compiled, the helper compiles: one of the table or a callee.
+    helper = _run(_HELPER_COMPILES, tmp_path / "helper")
     for kernel, signatures in compiled.items():
-        assert signatures, f"{kernel} was not compiled by any driver"
         for signature in signatures:
-            assert signature in table[kernel], (kernel, signature)
+            assert signature in helper.get(kernel, []), f"{kernel}{signature}: not in the table"
 
 
 _HELPER_THEN_LOAD = """

@@ -65,6 +65,8 @@ KERNEL_SIGNATURES: dict[str, dict[str, tuple[tuple[Any, ...], ...]]] = {
         "consume_stages": ((_F1, _I, _I, _B, _I, _F, _F, _F1, _F1),),
         "finish_decision": ((_I, _B, _F, _F, _I, _F, _F1, _I1, _F1, _F1, _F, _F1),),
         "distance_sq": ((_F1, _F1, _F2),),
+        "block_rows": ((_I1, _I, _I),),
+        "block_sums": ((_F1, _I1, _I, _I),),
     },
     "fused_groups": {
         "rows_of_groups": ((_I1, _I1, _B1),),
@@ -84,6 +86,9 @@ KERNEL_SIGNATURES: dict[str, dict[str, tuple[tuple[Any, ...], ...]]] = {
             (_F2, _F2, _F1, _F1, _FACTOR_MODEL, _FACTOR_MODEL, _F2, _F2, _F3, _F2, _F2),
         ),
         "with_effects": ((_F1, _I2, _F2, _B1),),
+        # The sweep carries effects (G, k), Newton means and scales (G, k) and (G,), vectors
+        # (G, k, k) and the parts' tables into its next sweep.
+        "take_groups": ((_F1, _F1, _B1), (_F2, _F2, _B1), (_F3, _F3, _B1)),
     },
     "group_newton": {
         "small_symmetric_eigen": ((_F3,),),
