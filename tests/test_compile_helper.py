@@ -7,6 +7,9 @@ Deterministic checks, no Monte Carlo: no false failures.
   after its ``JOBS_PER_HELPER`` jobs and the next job starts another, whose job is found there.
   Each run uses graphs no cache has seen (a fresh constant in each) on empty caches, in a
   fresh process.
+- While this process waits for a job the helper runs, it compiles the jobs the helper has not
+  started itself, the last first, and their files are removed; a job compiled here fills the
+  cache as the helper's would, for calls from Numba code and from Python.
 - A graph holding more than ``MAX_ARRAY_BYTES`` of data is not sent, and starts no helper.
 - ``pm.sample``'s worker processes do not use a helper.
 - A script that sends a job and ends at once leaves no helper running, no job file, and
@@ -166,6 +169,75 @@ def test_a_job_not_started_is_withdrawn_when_this_process_compiles_it(tmp_path: 
     assert found == {"started": False, "gone": True, "first": True, "second": True}
 
 
+def test_while_a_job_runs_this_process_compiles_the_jobs_not_started(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # Job 1 runs in the helper; jobs 2 and 3 wait in its queue. Waiting for job 1, this
+    # process takes back job 3, then job 2 (the last first: the helper reaches them in
+    # order), and compiles them itself, rather than wait idle; their files are removed, so
+    # the helper skips them. Caught if wait_for waited idle (nothing compiled here), took
+    # them in the helper's order, or took the job the helper had read.
+    helper: Any = object.__new__(compile_helper._Helper)
+    helper.pid, helper.first_job, helper.jobs = os.getpid(), 0, 3
+    helper.started, helper.finished, helper.failed = {1}, set(), set()
+    helper._files = []
+    for job in (1, 2, 3):
+        path = tmp_path / f"job_{job}.pkl"
+        path.write_bytes(f"graph {job}".encode())
+        helper._files.append(str(path))
+    Path(helper._files[0]).unlink()  # read by the helper
+    compiled_here: list[bytes] = []
+
+    def read(timeout: float) -> bool:  # job 1 ends once the other two are compiled here
+        if len(compiled_here) == 2:
+            helper.finished.add(1)
+        return True
+
+    helper.read = read
+    monkeypatch.setattr(compile_helper, "_helpers", [helper])
+    monkeypatch.setattr(compile_helper, "_compile_here", compiled_here.append)
+    compile_helper.wait_for(1)
+    assert compiled_here == [b"graph 3", b"graph 2"]
+    assert not any(Path(path).exists() for path in helper._files)
+
+
+_TAKEN_BACK_FILLS_THE_CACHE = """
+import json, pickle, uuid
+from functools import partial
+import numba
+import numpy as np
+from pymc_subsample.model import compile_helper, compiled
+from test_compile_helper import scaled_sum_graph
+
+x = np.arange(5.0)
+builder = partial(scaled_sum_graph, 1.0 + uuid.uuid4().int % 10**6 / 10**7)
+# A prefetched job taken back: compiled here for calls from Python and from Numba code.
+compile_helper._compile_here(pickle.dumps((builder, {}, None, True)))
+kernel = compiled.LazyFunction(builder, {}).numba_kernel().function
+
+
+@numba.njit
+def driver(values):
+    return kernel(values)
+
+
+driver(x)  # a call from Numba code
+kernel(x)  # and from Python
+print(json.dumps({"hits": sum(kernel.stats.cache_hits.values()),
+                  "misses": sum(kernel.stats.cache_misses.values())}))
+"""
+
+
+def test_a_job_taken_back_fills_the_cache_for_drivers_and_python(tmp_path: Path) -> None:
+    # The job compiled here, as the helper would, leaves both signatures of the function's
+    # ``*args`` in the cache: the one a driver's call types (a star-argument tuple) and the one
+    # a call from Python types (a tuple). Caught if only one were compiled (a miss).
+    if not compiled.INTERPRETED_SECONDS:
+        pytest.skip("PyTensor 2 compiles every function at its first call: no helper")
+    found, _ = _run(_TAKEN_BACK_FILLS_THE_CACHE, tmp_path)
+    assert found == {"hits": 2, "misses": 0}
+
+
 def test_a_graph_holding_data_is_not_sent(monkeypatch: pytest.MonkeyPatch) -> None:
     # 2 MB of data in the graph's builder: refused before any helper starts (caught if the
     # guard were gone: the stand-in helper would be asked for). 1 MB or less is sent.
@@ -290,8 +362,8 @@ def test_the_draws_functions_go_ahead_only_on_a_machines_first_build(
     monkeypatch.setattr(step_base, "start_kernel_warm_up", lambda modules: warming)
     prefetched: list[Any] = []
 
-    def submit(builder: Any, kwargs: Any, types: Any) -> int:
-        if types is None:
+    def submit(builder: Any, kwargs: Any, types: Any, *, from_drivers: bool = False) -> int:
+        if types is None and from_drivers:
             prefetched.append(builder)
         return 0
 

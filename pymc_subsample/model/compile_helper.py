@@ -16,7 +16,9 @@ Nothing the step computes depends on the helper: when a function switches from t
 linker to compiled code is decided by the estimate alone, and the compiled code is the same
 whichever process compiled it. Where the helper cannot help or fails, this process compiles as
 it did before; a job the helper has not started when this process needs the function is
-withdrawn (its file removed, the helper skips it) rather than compiled twice. It runs only in
+withdrawn (its file removed, the helper skips it) rather than compiled twice, and while this
+process waits for a job the helper has started, it takes back the last job the helper has not
+started and compiles it itself, into the cache, rather than wait idle. It runs only in
 the process that builds a step (not in ``pm.sample``'s workers), on at least two cores, with
 Numba's cache on and outside Windows (its pipes are read with ``select``). A job carries the
 function's graph and never the user's data: a graph holding an array of more than
@@ -145,6 +147,21 @@ class _Helper:
         """Remove job ``job``'s file, so that the helper skips it (reported as failed)."""
         Path(self._files[job - self.first_job - 1]).unlink(missing_ok=True)
 
+    def take_last_pending(self) -> bytes | None:
+        """Withdraw the last job the helper has not read and return its graph (None: none).
+
+        A job's file exists until the helper reads it or the job is withdrawn. Where the helper
+        reads it at the same moment, both may compile it: the same code into the same cache.
+        """
+        for path in reversed(self._files):
+            try:
+                payload = Path(path).read_bytes()
+                Path(path).unlink()
+            except OSError:  # read by the helper, or withdrawn
+                continue
+            return payload
+        return None
+
     def stop(self) -> None:
         """Stop the helper and reap it."""
         stop_process(self.process)
@@ -211,7 +228,11 @@ def start_helper() -> None:
 
 
 def submit(
-    builder: Any, compile_kwargs: dict[str, Any], argument_types: tuple[Any, ...] | None
+    builder: Any,
+    compile_kwargs: dict[str, Any],
+    argument_types: tuple[Any, ...] | None,
+    *,
+    from_drivers: bool = False,
 ) -> int:
     """Send a function to the helper; return the job's number, 0 if not sent.
 
@@ -224,13 +245,15 @@ def submit(
     argument_types : tuple of numba types or None
         Numba's types of the explicit arguments it will be called with; None for
         C-contiguous arrays of its inputs' types (``LazyFunction.compile_numba``).
+    from_drivers : bool, default False
+        Compile it for calls from Numba code as well as from Python.
     """
     if not helper_available():
         return 0
     buffer = io.BytesIO()
     try:
         _DataFreePickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(
-            (builder, compile_kwargs, argument_types)
+            (builder, compile_kwargs, argument_types, from_drivers)
         )
     except Exception:  # a graph that does not pickle is compiled here
         return 0
@@ -248,6 +271,9 @@ def wait_for(job: int, timeout: float = WAIT_SECONDS) -> None:
 
     This process then compiles the function itself; a withdrawn job's file is removed, and
     the helper, finding none, goes on to its next job instead of compiling the same code.
+    While the helper compiles job ``job``, this process takes the last job the helper has not
+    started and compiles it here, as the helper would have (into the cache), rather than
+    wait idle: the function that job was sent for then loads it from the cache.
     """
     helper = next((helper for helper in _helpers if job and helper.owns(job)), None)
     if helper is None:
@@ -260,15 +286,31 @@ def wait_for(job: int, timeout: float = WAIT_SECONDS) -> None:
             return
         if time.monotonic() >= deadline:
             return
+        payload = helper.take_last_pending()
+        if payload is not None:
+            _compile_here(payload)
+            wait = 0.0
+            continue
         wait = min(deadline - time.monotonic(), 1.0)
+
+
+def _compile_here(payload: bytes) -> None:
+    """Compile a job taken back from the helper in this process, as the helper would have.
+
+    A job that fails here is left to its function, which compiles (or fails) at its call.
+    """
+    try:
+        _compile_job(payload)
+    except Exception:  # the function's own compile reports a real failure
+        return
 
 
 def _compile_job(payload: bytes) -> None:
     """Compile one job's function and its Numba code for the job's argument types."""
     from pymc_subsample.model.compiled import LazyFunction
 
-    builder, compile_kwargs, argument_types = pickle.loads(payload)
-    LazyFunction(builder, compile_kwargs).compile_numba(argument_types)
+    builder, compile_kwargs, argument_types, from_drivers = pickle.loads(payload)
+    LazyFunction(builder, compile_kwargs).compile_numba(argument_types, from_drivers=from_drivers)
 
 
 def _serve(jobs: int) -> None:

@@ -220,22 +220,28 @@ class LazyFunction:
         self._budget = max(self._budget, COLD_COMPILE_SHARE * COLD_COMPILE_SECONDS_PER_NODE * nodes)
         return self._interpreted
 
-    def prefetch(self) -> None:
+    def prefetch(self, *, from_drivers: bool = True) -> None:
         """Have the compile helper compile this function's Numba code now, if one runs.
 
-        For a function the draws call from Numba code (``numba_kernel``), known before the
-        set-up reaches it: the helper compiles it for C-contiguous arrays of its inputs' types
-        (what the fused drivers pass) while this process searches for its reference point, and
+        For a function the draws call, known before the set-up reaches it: the helper
+        compiles it for C-contiguous arrays of its inputs' types, for calls from Python and,
+        ``from_drivers``, from Numba code (``numba_kernel``: what the fused drivers pass),
+        while this process searches for its reference point or compiles other functions, and
         the compile here then loads it from the cache (``compile_helper.py``).
         """
         if self._function is None and not self._compile_job:
-            self._compile_job = compile_helper.submit(self._build, self._compile_kwargs, None)
+            self._compile_job = compile_helper.submit(
+                self._build, self._compile_kwargs, None, from_drivers=from_drivers
+            )
 
-    def compile_numba(self, argument_types: tuple[Any, ...] | None) -> None:
+    def compile_numba(
+        self, argument_types: tuple[Any, ...] | None, *, from_drivers: bool = False
+    ) -> None:
         """Compile the Numba code of :meth:`numba_kernel` for explicit ``argument_types``.
 
-        What the compile helper runs (``compile_helper.py``). With ``argument_types`` None,
-        C-contiguous arrays of the graph's input types; the shared variables' types are those
+        What the compile helper runs (``compile_helper.py``): for a call from Python and,
+        ``from_drivers``, one from Numba code (a driver's). With ``argument_types`` None,
+        C-contiguous arrays of the graph's input types. The shared variables' types are those
         of their values.
         """
         from numba import from_dtype, typeof
@@ -249,11 +255,15 @@ class LazyFunction:
                 for spec in function.maker.inputs
                 if not spec.implicit
             )
-        implicit = tuple(typeof(value) for value in kernel.implicit_values())
-        # PyTensor's Numba function takes its inputs as ``*args``, which Numba types as one
-        # tuple (the signature a call from PyTensor's thunk, or from a driver, compiles).
+        signature = (*argument_types, *(typeof(value) for value in kernel.implicit_values()))
+        # PyTensor's Numba function takes its inputs as ``*args``. Numba types them as one
+        # tuple in a call from Python (PyTensor's thunk) and as a star-argument tuple in a call
+        # from Numba code (a driver's), and compiles each signature on its own: a driver's
+        # would not find the Python call's code in the cache, nor the other way round.
         jit_function: Any = kernel.function
-        jit_function.compile((types.BaseTuple.from_types((*argument_types, *implicit)),))
+        jit_function.compile((types.BaseTuple.from_types(signature),))
+        if from_drivers:
+            jit_function.compile((types.StarArgTuple(signature),))
 
     def compile(self) -> Callable[..., Any]:
         """Compile now (idempotent) and return the compiled function."""

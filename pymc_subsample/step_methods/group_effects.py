@@ -234,7 +234,8 @@ class GroupEffectsMH(CompiledSweepParts, GroupMoves, GroupRecentring, SubsampleS
 
     name = "group_effects_mh"
     #: The package kernels its sweeps call, compiled ahead (``kernels/warm_up.py``).
-    warm_kernels: ClassVar[tuple[str, ...]] = ("fused_groups", "fused_proposals", "group_newton")
+    # In the order the first draw calls them: the Newton steps of the recentring first.
+    warm_kernels: ClassVar[tuple[str, ...]] = ("group_newton", "fused_groups", "fused_proposals")
     _state_class = GroupEffectsState
     stats_dtypes_shapes: ClassVar[dict[str, StatSpec]] = {
         **{field: (np.int64, []) for field in GroupSweepInfo._fields},
@@ -298,6 +299,12 @@ class GroupEffectsMH(CompiledSweepParts, GroupMoves, GroupRecentring, SubsampleS
             # the set-up (elsewhere compiling them here is quicker, model/compile_helper.py).
             for function in (*functions.parts, functions.change, functions.residual):
                 function.prefetch()
+            # What the first draw calls from Python: the shared coefficients' Newton step
+            # and the hyperparameters' walk (step_methods/group_recentring.py, group_moves.py).
+            if functions.direct_coordinates.size:
+                self.oracles.prefetch_prior(gradient=True)
+            if functions.free_coordinates.size:
+                self.oracles.prefetch_prior(gradient=False)
         self.strata: Strata | None = None
         self.layouts = self._layouts()
         self._n_groups = sum(factor.n_groups for factor in self.factors)
