@@ -359,7 +359,7 @@ def test_the_draws_functions_go_ahead_only_on_a_machines_first_build(
     import pymc_subsample as pms
     from pymc_subsample.step_methods import step_base
 
-    monkeypatch.setattr(step_base, "start_kernel_warm_up", lambda modules: warming)
+    monkeypatch.setattr(step_base, "start_kernel_warm_up", lambda modules, **options: warming)
     prefetched: list[Any] = []
 
     def submit(builder: Any, kwargs: Any, types: Any, *, from_drivers: bool = False) -> int:

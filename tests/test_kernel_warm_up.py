@@ -163,7 +163,7 @@ def test_no_helper_on_one_core_or_for_modules_already_asked_for(monkeypatch):
     monkeypatch.setattr(warm_up, "_helpers", [])
     monkeypatch.setattr(warm_up, "kernels_cached", lambda modules: False)
     monkeypatch.setattr(
-        warm_up.subprocess, "Popen", lambda arguments, **_: started.append(arguments[2:])
+        warm_up.subprocess, "Popen", lambda arguments, **_: started.append(arguments[-1])
     )
     monkeypatch.setattr(helper_processes, "available_cores", lambda: 1)
     warm_up.start_kernel_warm_up(["fused"])
@@ -171,7 +171,31 @@ def test_no_helper_on_one_core_or_for_modules_already_asked_for(monkeypatch):
     monkeypatch.setattr(helper_processes, "available_cores", lambda: 2)
     warm_up.start_kernel_warm_up(["fused"])  # asked for once already
     warm_up.start_kernel_warm_up(["fused", "group_newton"])
-    assert started == [["group_newton"]]
+    assert len(started) == 1 and "compile_kernels(['group_newton'])" in started[0]
+
+
+_NICENESS = """
+import json, os, time
+from pymc_subsample.kernels import warm_up
+warm_up.start_kernel_warm_up(["fused"], in_background={in_background})
+(helper,) = warm_up._helpers
+deadline = time.monotonic() + 10
+niceness = os.getpriority(os.PRIO_PROCESS, helper.pid)
+while niceness == os.nice(0) and time.monotonic() < deadline and helper.poll() is None:
+    time.sleep(0.01)  # the helper's first statement sets it
+    niceness = os.getpriority(os.PRIO_PROCESS, helper.pid)
+print(json.dumps({{"niceness": niceness - os.nice(0)}}))
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "nice") or available_cores() < 2, reason="needs two cores")
+@pytest.mark.parametrize("in_background", [True, False], ids=["background", "foreground"])
+def test_a_warm_up_in_the_background_runs_at_a_lower_priority(tmp_path, in_background):
+    # A fused draw's kernels, compiled while the build runs and called only at its end, leave
+    # the cores to the build and the compile helper; a group step's, called by its first
+    # draw's recentring, do not (caught if the niceness were not set, or set for both).
+    found = _run(_NICENESS.format(in_background=in_background), tmp_path)
+    assert found == {"niceness": warm_up.BACKGROUND_NICENESS if in_background else 0}
 
 
 _START_AND_EXIT = """

@@ -50,7 +50,12 @@ from typing import Any
 
 import numpy as np
 
-from pymc_subsample.helper_processes import available_cores, helper_environment, stop_process
+from pymc_subsample.helper_processes import (
+    available_cores,
+    helper_command,
+    helper_environment,
+    stop_process,
+)
 
 __all__ = [
     "MAX_ARRAY_BYTES",
@@ -92,7 +97,7 @@ class _Helper:
 
     def __init__(self, first_job: int) -> None:
         self.process = subprocess.Popen(
-            [sys.executable, "-m", __name__, str(JOBS_PER_HELPER)],
+            helper_command(f"from {__name__} import _serve\n_serve({JOBS_PER_HELPER})\n"),
             env=helper_environment(),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -330,7 +335,3 @@ def _serve(jobs: int) -> None:
             print(f"fail {number}", file=report, flush=True)
         else:
             print(f"done {number}", file=report, flush=True)
-
-
-if __name__ == "__main__":
-    _serve(int(sys.argv[1]))

@@ -268,14 +268,17 @@ class LazyFunction:
     def compile(self) -> Callable[..., Any]:
         """Compile now (idempotent) and return the compiled function."""
         if self._function is None:
-            compile_helper.wait_for(self._compile_job)
-            self._compile_job = 0
             # The derivative graphs have thousands of nodes, and PyTensor records a stack
             # trace at each node's creation (and each rewrite's): 0.1 s of a step's set-up,
             # for tracebacks that would point inside this package, not at the user's model.
             with config.change_flags(traceback__limit=0), collection_paused():
                 inputs, outputs = self._build()
-                self._function = compile_function(list(inputs), outputs, self._compile_kwargs)
+                function = compile_function(list(inputs), outputs, self._compile_kwargs)
+            # PyTensor's rewrites done (up to a second of a large graph's), the helper's
+            # job on it is waited for: the Numba code is compiled or loaded at the first call.
+            compile_helper.wait_for(self._compile_job)
+            self._compile_job = 0
+            self._function = function
             self._interpreted = None
         return self._function
 

@@ -105,8 +105,10 @@ class SubsampleMH(SubsampleStepBase, ProposalChoice):
     _progressbar_config = staticmethod(progressbar_config)
     _make_progressbar_update_functions = staticmethod(make_progressbar_updaters)
     name = "subsample_mh"
-    #: The package kernels its fused draw calls, compiled ahead (``kernels/warm_up.py``).
+    #: The package kernels its fused draw calls, compiled ahead (``kernels/warm_up.py``),
+    #: in the background: the fused draw is compiled at the end of the build.
     warm_kernels: ClassVar[tuple[str, ...]] = ("fused",)
+    warm_kernels_late = True
     #: The test part this step class decides with (set by the class statement's ``test=``).
     test_class: ClassVar[type[AcceptanceTest] | None] = None
     #: The test (``kernels/group_tests.py``) of the group step this very class builds for a

@@ -51,6 +51,9 @@ class SubsampleStepBase(ArrayStepShared):
     #: The modules of package kernels (``kernels/warm_up.py``) its draws call, compiled in a
     #: helper process while the step is built.
     warm_kernels: ClassVar[tuple[str, ...]] = ()
+    #: Whether the build calls them only at its end, so that the helper compiles them at a
+    #: lower priority (``start_kernel_warm_up``'s ``in_background``).
+    warm_kernels_late: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -76,7 +79,9 @@ class SubsampleStepBase(ArrayStepShared):
         # meanwhile (kernels/warm_up.py), and the helper that compiles the model's functions
         # (model/compile_helper.py) starts now, to have imported PyTensor by its first job;
         # the subclasses then send it the draws' functions ahead.
-        self._first_build = start_kernel_warm_up(self.warm_kernels)
+        self._first_build = start_kernel_warm_up(
+            self.warm_kernels, in_background=self.warm_kernels_late
+        )
         if self._first_build:
             compile_helper.start_helper()
         vars = step_value_vars(model, vars)
