@@ -10,7 +10,8 @@ Deterministic checks, no Monte Carlo: no false failures.
 - While this process waits for a job the helper runs, it compiles the jobs the helper has not
   started itself, the last first, and their files are removed; a job compiled here fills the
   cache as the helper's would, for calls from Numba code and from Python.
-- A graph holding more than ``MAX_ARRAY_BYTES`` of data is not sent, and starts no helper.
+- A graph holding more than ``MAX_ARRAY_BYTES`` of data is not sent, and starts no helper; a
+  function the helper refused is not offered again at each later call.
 - ``pm.sample``'s worker processes do not use a helper.
 - A script that sends a job and ends at once leaves no helper running, no job file, and
   prints nothing.
@@ -288,6 +289,26 @@ def test_a_script_that_ends_at_once_stops_the_helper_and_says_nothing(tmp_path: 
     assert not Path(found["file"]).exists()  # the job's graph, read or not, is removed
 
 
+def test_a_function_the_helper_refused_is_not_sent_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Half its budget spent at the third call, the function is offered to the helper, which
+    # refuses it (no helper, or a graph holding data); the calls after do not offer it again,
+    # each pickling the graph (caught if every call past half the budget offered it). Its
+    # compile then waits for no job.
+    monkeypatch.setattr(compiled, "_interpreted_cost", lambda function: (1.0, 0.0))
+    monkeypatch.setattr(compiled, "INTERPRETED_SECONDS", 6.0)
+    monkeypatch.setattr(compiled, "COLD_COMPILE_SECONDS_PER_NODE", 0.0)
+    offered: list[Any] = []
+    monkeypatch.setattr(compile_helper, "submit", lambda *arguments: offered.append(1) or 0)
+    waited: list[int] = []
+    monkeypatch.setattr(compile_helper, "wait_for", lambda job, *timeout: waited.append(job))
+    function = compiled.LazyFunction(partial(scaled_sum_graph, 0.25), {}, interpreted_first=True)
+    x = np.arange(5.0)
+    while not function.compiled:
+        function(x)
+    assert offered == [1]
+    assert waited == [compiled.NOT_SENT]
+
+
 def test_the_switch_to_compiled_code_does_not_depend_on_the_helper(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -310,7 +331,7 @@ def test_the_switch_to_compiled_code_does_not_depend_on_the_helper(
             calls += 1
         switches.append(calls)
     assert switches == [5, 5]
-    assert waited == [7, 0]
+    assert waited == [7, compiled.NOT_SENT]
 
 
 def test_a_job_is_sent_once_half_the_budget_is_spent(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -83,6 +83,10 @@ COLD_COMPILE_SECONDS_PER_NODE = 0.065
 COLD_COMPILE_SHARE = 0.5
 
 
+#: A function's helper job when it was not sent (``LazyFunction._send_to_helper``).
+NOT_SENT = -1
+
+
 class LazyFunction:
     """A PyTensor function, built at its first call; a set-up function interpreted at first.
 
@@ -200,8 +204,13 @@ class LazyFunction:
         ``args``.
         """
         types = _numba_types(args)
+        job = 0
         if types is not None:
-            self._compile_job = compile_helper.submit(self._build, self._compile_kwargs, types)
+            job = compile_helper.submit(self._build, self._compile_kwargs, types)
+        # Not sent (no helper, or a graph holding data): not tried again at each later call,
+        # which would pickle the graph again (0.02 s a call for a hierarchy's per-row
+        # derivatives, called a hundred times by a first draw's recentring on 1e6 rows).
+        self._compile_job = job or NOT_SENT
 
     def _interpret(self) -> Callable[..., Any]:
         """Build the function on PyTensor's Python linker (no fusion: NumPy's own loops)."""
