@@ -16,15 +16,15 @@ happens: the kernels and their cache are Numba's own, and where the helper canno
 not finished in time or fails, this process compiles them itself, as it did before.
 
 The helper runs only where it can help: with the kernels not yet cached, Numba's cache
-enabled, and at least two cores for this process.
+enabled, and at least two cores for this process; for kernels the build calls only at its end
+(the fused draw's), at a lower priority, on what the build and the compile helper leave of the
+cores.
 """
 
 from __future__ import annotations
 
 import atexit
 import importlib
-import importlib.machinery
-import importlib.util
 import os
 import subprocess
 import time
