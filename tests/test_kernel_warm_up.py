@@ -9,7 +9,8 @@ user's first build does. Deterministic: no Monte Carlo, no false failures.
   kernel of those modules they compile is one the helper compiles, listed or a listed
   kernel's callee (a missing entry fails: this process would compile it itself). The table
   lists a variant for each PyTensor version where they differ.
-- The helper fills Numba's cache: after it, loading the kernels is all cache hits.
+- The helper fills Numba's cache: after it, loading the kernels is all cache hits; a build
+  that waits for it compiles the kernels it has not reached itself, from the last one back.
 - A build starts the helper only where the kernels are not cached, and waits for it.
 """
 
@@ -20,6 +21,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -130,6 +132,8 @@ from pymc_subsample.kernels import warm_up
 cached_before = warm_up.kernels_cached(["fused"])
 warm_up.start_kernel_warm_up(["fused"])
 started = len(warm_up._helpers)
+for helper in warm_up._helpers:  # the helper alone (waiting here would compile some)
+    helper.wait(timeout=300)
 warm_up.wait_for_kernel_warm_up()
 warm_up.compile_kernels(["fused"])
 hits = misses = 0
@@ -157,13 +161,43 @@ def test_the_helper_fills_the_cache_this_process_then_loads(tmp_path):
     assert second["cached_before"] and second["started"] == 0 and second["misses"] == 0
 
 
+_COMPILES_AHEAD = """
+import json
+from pymc_subsample.kernels import warm_up
+
+warm_up.start_kernel_warm_up(["fused"])
+warm_up.wait_for_kernel_warm_up()  # at once: the helper is still starting
+misses = [sum(dispatcher.stats.cache_misses.values())
+          for dispatcher, _ in warm_up._dispatchers(["fused"])]
+print(json.dumps({"misses": misses, "cached": warm_up.kernels_cached(["fused"])}))
+"""
+
+
+@pytest.mark.skipif(available_cores() < 2, reason="the helper runs only with two cores or more")
+def test_a_build_waiting_for_the_helper_compiles_its_last_kernels_itself(tmp_path):
+    # Waiting at once, this process compiles the table's kernels from the last one back while
+    # the helper (still importing Numba) compiles them from the first: the last kernel is
+    # compiled here, the first loaded from the helper's cache (no miss here), and all are
+    # cached. Caught if the wait were idle (no miss here) or took the kernels in the helper's
+    # order (the first one missed here). A false failure needs the helper to reach the last of
+    # eleven kernels before this process compiles one, or this process to compile ten before
+    # the helper compiles one: each is a fraction of a second, the helper's start about one.
+    found = _run(_COMPILES_AHEAD, tmp_path)
+    assert found["cached"]
+    assert found["misses"][-1] >= 1
+    assert found["misses"][0] == 0
+
+
 def test_no_helper_on_one_core_or_for_modules_already_asked_for(monkeypatch):
     started: list[list[str]] = []
     monkeypatch.setattr(warm_up, "_requested", set())
     monkeypatch.setattr(warm_up, "_helpers", [])
     monkeypatch.setattr(warm_up, "kernels_cached", lambda modules: False)
+    monkeypatch.setattr(warm_up, "_helper_modules", {})
     monkeypatch.setattr(
-        warm_up.subprocess, "Popen", lambda arguments, **_: started.append(arguments[-1])
+        warm_up.subprocess,
+        "Popen",
+        lambda arguments, **_: started.append(arguments[-1]) or SimpleNamespace(pid=0),
     )
     monkeypatch.setattr(helper_processes, "available_cores", lambda: 1)
     warm_up.start_kernel_warm_up(["fused"])

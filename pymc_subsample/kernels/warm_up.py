@@ -105,6 +105,8 @@ _PACKAGE = "pymc_subsample"
 #: The helper processes started and not yet waited for, and the modules asked for.
 _helpers: list[subprocess.Popen[bytes]] = []
 _requested: set[str] = set()
+#: The modules each helper compiles, in its order, by its process id.
+_helper_modules: dict[int, tuple[str, ...]] = {}
 
 
 def _dispatchers(modules: Sequence[str]) -> list[tuple[Any, tuple[tuple[Any, ...], ...]]]:
@@ -126,12 +128,14 @@ def compile_kernels(modules: Sequence[str]) -> None:
 
 def kernels_cached(modules: Sequence[str]) -> bool:
     """Whether Numba's cache holds an index for every kernel of ``modules`` (no load)."""
-    for dispatcher, _ in _dispatchers(modules):
-        cache_file = getattr(getattr(dispatcher, "_cache", None), "_cache_file", None)
-        index = getattr(cache_file, "_index_path", None)
-        if index is None or not os.path.exists(index):
-            return False
-    return True
+    return all(_kernel_cached(dispatcher) for dispatcher, _ in _dispatchers(modules))
+
+
+def _kernel_cached(dispatcher: Any) -> bool:
+    """Whether Numba's cache holds an index for ``dispatcher`` (a signature of it, at least)."""
+    cache_file = getattr(getattr(dispatcher, "_cache", None), "_cache_file", None)
+    index = getattr(cache_file, "_index_path", None)
+    return index is not None and os.path.exists(index)
 
 
 def start_kernel_warm_up(modules: Sequence[str], *, in_background: bool = False) -> bool:
@@ -179,6 +183,7 @@ def start_kernel_warm_up(modules: Sequence[str], *, in_background: bool = False)
     if not _helpers:
         atexit.register(_stop_helpers)
     _helpers.append(helper)
+    _helper_modules[helper.pid] = tuple(wanted)
     return True
 
 
@@ -195,16 +200,39 @@ def _stop_helpers() -> None:
 
 
 def wait_for_kernel_warm_up(timeout: float = WAIT_SECONDS) -> None:
-    """Wait for the helpers, if any run, for at most ``timeout`` seconds; then go on."""
+    """Wait for the helpers, if any run, for at most ``timeout`` seconds; then go on.
+
+    Rather than wait idle, this process first compiles the kernels a running helper has not
+    reached (:func:`_compile_ahead_of`).
+    """
     from pymc_subsample.helper_processes import stop_process
 
+    for helper in _helpers:
+        _compile_ahead_of(helper)
     deadline = time.monotonic() + timeout
     while _helpers:
         helper = _helpers.pop()
+        _helper_modules.pop(helper.pid, None)
         try:
             helper.wait(timeout=max(deadline - time.monotonic(), 0.0))
         except subprocess.TimeoutExpired:
             stop_process(helper)
+
+
+def _compile_ahead_of(helper: subprocess.Popen[bytes]) -> None:
+    """Compile here the kernels ``helper`` has not reached, from its last one back.
+
+    The helper compiles its kernels in order; this process takes them from the end, each not
+    cached yet, until it meets one the helper has cached or the helper ends: the two share
+    what is left, and at most the kernel where they meet is compiled by both (into the same
+    cache). A background helper (``start_kernel_warm_up``) that got little of the cores while
+    the build ran is not waited for with a core idle.
+    """
+    for dispatcher, signatures in reversed(_dispatchers(_helper_modules.get(helper.pid, ()))):
+        if helper.poll() is not None or _kernel_cached(dispatcher):
+            return
+        for signature in signatures:
+            dispatcher.compile(signature)
 
 
 def _warming() -> bool:
