@@ -16,7 +16,8 @@ from pathlib import Path
 
 __all__ = ["available_cores", "helper_command", "helper_environment", "stop_process"]
 
-_PACKAGE = "pymc_subsample"
+#: This package (the top of this module's name).
+_PACKAGE = __name__.partition(".")[0]
 #: Run first in a helper: this package importable without its ``__init__``, which imports
 #: PyMC, the step methods and Dask's adapter (1.3 s of a helper's 2.2 s start), and the current
 #: folder (``-c``'s first entry on the path) off the path, where a module's name could shadow

@@ -101,7 +101,6 @@ KERNEL_SIGNATURES: dict[str, dict[str, tuple[tuple[Any, ...], ...]]] = {
 BACKGROUND_NICENESS = 10
 #: The longest a build waits for the helper before compiling the kernels itself (seconds).
 WAIT_SECONDS = 120.0
-_PACKAGE = "pymc_subsample"
 #: The helper processes started and not yet waited for, and the modules asked for.
 _helpers: list[subprocess.Popen[bytes]] = []
 _requested: set[str] = set()
@@ -114,7 +113,7 @@ def _dispatchers(modules: Sequence[str]) -> list[tuple[Any, tuple[tuple[Any, ...
     found: list[tuple[Any, tuple[tuple[Any, ...], ...]]] = []
     for module_name in modules:
         kernels = KERNEL_SIGNATURES[module_name]
-        module = importlib.import_module(f"{_PACKAGE}.kernels.{module_name}")
+        module = importlib.import_module(f".{module_name}", __package__)
         found.extend((getattr(module, name), signatures) for name, signatures in kernels.items())
     return found
 
