@@ -202,6 +202,64 @@ def test_while_a_job_runs_this_process_compiles_the_jobs_not_started(
     assert not any(Path(path).exists() for path in helper._files)
 
 
+def test_a_wait_that_ends_the_build_takes_back_no_job(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # The same queue as above, waited for with take_back=False (a group sweep's drivers, the
+    # build's last compile): nothing is compiled here and the queued jobs stay the helper's.
+    # Caught if the flag were ignored (jobs 3 and 2 compiled here, their files gone).
+    helper: Any = object.__new__(compile_helper._Helper)
+    helper.pid, helper.first_job, helper.jobs = os.getpid(), 0, 3
+    helper.started, helper.finished, helper.failed = {1}, set(), set()
+    helper._files = []
+    for job in (1, 2, 3):
+        path = tmp_path / f"job_{job}.pkl"
+        path.write_bytes(f"graph {job}".encode())
+        helper._files.append(str(path))
+    Path(helper._files[0]).unlink()  # read by the helper
+    compiled_here: list[bytes] = []
+    reads = []
+
+    def read(timeout: float) -> bool:  # job 1 ends at the third read
+        reads.append(timeout)
+        if len(reads) == 3:
+            helper.finished.add(1)
+        return True
+
+    helper.read = read
+    monkeypatch.setattr(compile_helper, "_helpers", [helper])
+    monkeypatch.setattr(compile_helper, "_compile_here", compiled_here.append)
+    assert compile_helper.wait_for(1, take_back=False) is None
+    assert compiled_here == []
+    assert all(Path(path).exists() for path in helper._files[1:])
+
+
+def test_a_job_not_started_is_compiled_here_for_its_signatures(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The helper had not started the function's prefetched job when this process compiled it:
+    # wait_for withdraws it and returns it, and the compile here compiles the signatures it
+    # named at once, a call from Python and one from Numba code (a driver's), as the helper
+    # would have. Caught if the withdrawn job were dropped: no signature compiled until a
+    # call, and a driver's compile would compile the kernel within its own.
+    if not compiled.INTERPRETED_SECONDS:
+        pytest.skip("PyTensor 2 compiles every function at its first call: no helper")
+    builder = partial(scaled_sum_graph, 0.375)
+    job = compile_helper.FunctionJob(builder, {}, None, True)
+    waited: list[int] = []
+    monkeypatch.setattr(
+        compile_helper, "wait_for", lambda number, *rest: waited.append(number) or job
+    )
+    function = compiled.LazyFunction(builder, {})
+    function._compile_job = 4
+    function.compile()
+    assert waited == [4]
+    signatures = function.numba_kernel().function.signatures
+    # One tuple (a call from Python) and one star-argument tuple (StarArgUniTuple here).
+    starred = sorted(type(signature[0]).__name__.startswith("StarArg") for signature in signatures)
+    assert starred == [False, True]
+
+
 _TAKEN_BACK_FILLS_THE_CACHE = """
 import json, pickle, uuid
 from functools import partial
@@ -213,7 +271,7 @@ from test_compile_helper import scaled_sum_graph
 x = np.arange(5.0)
 builder = partial(scaled_sum_graph, 1.0 + uuid.uuid4().int % 10**6 / 10**7)
 # A prefetched job taken back: compiled here for calls from Python and from Numba code.
-compile_helper._compile_here(pickle.dumps((builder, {}, None, True)))
+compile_helper._compile_here(pickle.dumps(compile_helper.FunctionJob(builder, {}, None, True)))
 kernel = compiled.LazyFunction(builder, {}).numba_kernel().function
 
 

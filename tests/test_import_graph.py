@@ -56,6 +56,7 @@ PARTS = frozenset(
         "group_expansion",
         "group_moves",
         "group_recentring",
+        "group_sweep_drivers",
         "progress",
         "proposal_parts",
         "sgfs_checks",

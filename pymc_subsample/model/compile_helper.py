@@ -10,7 +10,9 @@ cache, on another core, while this process goes on interpreting it; when the bud
 :func:`wait_for` lets the compile here load the helper's code from the cache. On a machine's first
 build, the functions the draws call from Numba code (the fused draw's, the group sweep's) are
 sent before the set-up reaches them (``LazyFunction.prefetch``), for C-contiguous arrays of
-their inputs' types.
+their inputs' types, and a group sweep's generated drivers are sent at a chain's first draw,
+to compile while its start moves the expansion (``step_methods/fused_group_path.py``). A job
+is any picklable object whose ``run`` compiles into the caches (:class:`CompileJob`).
 
 Nothing the step computes depends on the helper: when a function switches from the Python
 linker to compiled code is decided by the estimate alone, and the compiled code is the same
@@ -46,7 +48,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
@@ -60,9 +62,12 @@ from pymc_subsample.helper_processes import (
 __all__ = [
     "MAX_ARRAY_BYTES",
     "WAIT_SECONDS",
+    "CompileJob",
+    "FunctionJob",
     "helper_available",
     "start_helper",
     "submit",
+    "submit_job",
     "wait_for",
 ]
 
@@ -148,9 +153,18 @@ class _Helper:
                 reports[word].add(self.first_job + int(number))
         return True
 
-    def withdraw(self, job: int) -> None:
-        """Remove job ``job``'s file, so that the helper skips it (reported as failed)."""
-        Path(self._files[job - self.first_job - 1]).unlink(missing_ok=True)
+    def withdraw(self, job: int) -> bytes | None:
+        """Remove job ``job``'s file, so that the helper skips it (reported as failed).
+
+        Return its pickle; None where the helper has read it meanwhile.
+        """
+        path = Path(self._files[job - self.first_job - 1])
+        try:
+            payload = path.read_bytes()
+            path.unlink()
+        except OSError:  # read by the helper
+            return None
+        return payload
 
     def take_last_pending(self) -> bytes | None:
         """Withdraw the last job the helper has not read and return its graph (None: none).
@@ -232,6 +246,30 @@ def start_helper() -> None:
     _running_helper()
 
 
+class CompileJob(Protocol):
+    """A helper's job: picklable, its :meth:`run` compiles into the caches (``submit_job``)."""
+
+    def run(self) -> None:
+        """Compile, in whichever process runs it (the helper, or this one taking it back)."""
+
+
+class FunctionJob(NamedTuple):
+    """A job compiling one function's Numba code (``LazyFunction.compile_numba``)."""
+
+    builder: Any
+    compile_kwargs: dict[str, Any]
+    argument_types: tuple[Any, ...] | None
+    from_drivers: bool
+
+    def run(self) -> None:
+        """Compile the function for the job's argument types."""
+        from pymc_subsample.model.compiled import LazyFunction
+
+        LazyFunction(self.builder, self.compile_kwargs).compile_numba(
+            self.argument_types, from_drivers=self.from_drivers
+        )
+
+
 def submit(
     builder: Any,
     compile_kwargs: dict[str, Any],
@@ -253,13 +291,20 @@ def submit(
     from_drivers : bool, default False
         Compile it for calls from Numba code as well as from Python.
     """
+    return submit_job(FunctionJob(builder, compile_kwargs, argument_types, from_drivers))
+
+
+def submit_job(job: CompileJob) -> int:
+    """Send a job to the helper; return its number, 0 if not sent.
+
+    Not sent where no helper may run, where the job does not pickle, or where its pickle
+    holds an array of more than :data:`MAX_ARRAY_BYTES`.
+    """
     if not helper_available():
         return 0
     buffer = io.BytesIO()
     try:
-        _DataFreePickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(
-            (builder, compile_kwargs, argument_types, from_drivers)
-        )
+        _DataFreePickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(job)
     except Exception:  # a graph that does not pickle is compiled here
         return 0
     helper = _running_helper()
@@ -271,32 +316,40 @@ def submit(
         return 0
 
 
-def wait_for(job: int, timeout: float = WAIT_SECONDS) -> None:
+def wait_for(
+    job: int, timeout: float = WAIT_SECONDS, *, take_back: bool = True
+) -> CompileJob | None:
     """Wait while the helper compiles job ``job``; withdraw it if it has not started it.
 
-    This process then compiles the function itself; a withdrawn job's file is removed, and
-    the helper, finding none, goes on to its next job instead of compiling the same code.
+    A withdrawn job is returned (None otherwise): this process then compiles what it asked
+    for itself (``LazyFunction.compile`` the signatures a :class:`FunctionJob` names, at
+    once: a group sweep's drivers call a kernel by both). Its file is removed, and the
+    helper, finding none, goes on to its next job instead of compiling the same code.
     While the helper compiles job ``job``, this process takes the last job the helper has not
     started and compiles it here, as the helper would have (into the cache), rather than
-    wait idle: the function that job was sent for then loads it from the cache.
+    wait idle: the function that job was sent for then loads it from the cache. Not with
+    ``take_back`` False: a wait that ends the build's last compile (a group sweep's drivers)
+    would otherwise run a long job sent for later (a hierarchy's per-row derivatives, 10 s
+    cold) to its end first.
     """
     helper = next((helper for helper in _helpers if job and helper.owns(job)), None)
     if helper is None:
-        return
+        return None
     deadline = time.monotonic() + timeout
     wait = 0.0  # first read what has come, then wait for more while the job runs
     while helper.read(wait) and job not in helper.finished | helper.failed:
         if job not in helper.started:
-            helper.withdraw(job)
-            return
+            withdrawn = helper.withdraw(job)
+            return None if withdrawn is None else pickle.loads(withdrawn)
         if time.monotonic() >= deadline:
-            return
-        payload = helper.take_last_pending()
+            return None
+        payload = helper.take_last_pending() if take_back else None
         if payload is not None:
             _compile_here(payload)
             wait = 0.0
             continue
         wait = min(deadline - time.monotonic(), 1.0)
+    return None
 
 
 def _compile_here(payload: bytes) -> None:
@@ -311,11 +364,9 @@ def _compile_here(payload: bytes) -> None:
 
 
 def _compile_job(payload: bytes) -> None:
-    """Compile one job's function and its Numba code for the job's argument types."""
-    from pymc_subsample.model.compiled import LazyFunction
-
-    builder, compile_kwargs, argument_types, from_drivers = pickle.loads(payload)
-    LazyFunction(builder, compile_kwargs).compile_numba(argument_types, from_drivers=from_drivers)
+    """Run one job (a :class:`CompileJob`'s pickle)."""
+    job: CompileJob = pickle.loads(payload)
+    job.run()
 
 
 def _serve(jobs: int) -> None:

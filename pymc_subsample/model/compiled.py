@@ -285,10 +285,15 @@ class LazyFunction:
                 function = compile_function(list(inputs), outputs, self._compile_kwargs)
             # PyTensor's rewrites done (up to a second of a large graph's), the helper's
             # job on it is waited for: the Numba code is compiled or loaded at the first call.
-            compile_helper.wait_for(self._compile_job)
+            withdrawn = compile_helper.wait_for(self._compile_job)
             self._compile_job = 0
             self._function = function
             self._interpreted = None
+            if isinstance(withdrawn, compile_helper.FunctionJob):
+                # Not started by the helper: the signatures it was sent for, compiled here now
+                # (a prefetched kernel's for calls from Numba code as well, which the drivers
+                # would otherwise compile within their own compile).
+                self.compile_numba(withdrawn.argument_types, from_drivers=withdrawn.from_drivers)
         return self._function
 
     def numba_kernel(self) -> NumbaKernel:
@@ -330,6 +335,11 @@ class LazyFunction:
                     self._numba_function = compile_function(list(inputs), outputs, kwargs)
             function = self._numba_function
         return function
+
+    @property
+    def recipe(self) -> tuple[GraphBuilder, dict[str, Any]]:
+        """What builds it again in another process: its graph builder and compile arguments."""
+        return self._build, self._compile_kwargs
 
     def uncompiled(self) -> LazyFunction:
         """Return a copy that compiles at its first call (what a Dask worker is sent)."""

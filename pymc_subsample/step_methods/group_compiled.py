@@ -16,11 +16,13 @@ import numpy as np
 
 from pymc_subsample.kernels.group_tests import GroupTest
 from pymc_subsample.kernels.hyper_walk import HyperWalk
+from pymc_subsample.model import compile_helper
 from pymc_subsample.step_methods.fused_group_path import FusedGroupSweep, fused_group_obstacle
 from pymc_subsample.step_methods.fused_hyper_walk import CompiledHyperWalk
 from pymc_subsample.step_methods.fused_path import seed_fused_draws
 
 if TYPE_CHECKING:
+    from pymc_subsample.kernels.group_effects import GroupRows
     from pymc_subsample.model.group_effects import GroupEffectFunctions
     from pymc_subsample.model.oracles import ModelOracles
     from pymc_subsample.step_methods.group_expansion import GroupExpansion
@@ -38,6 +40,8 @@ class CompiledSweepParts:
     test: GroupTest
     rng: np.random.Generator
     hyperparameters: HyperWalk | None
+    layouts: list[GroupRows]
+    batch_size: int
 
     def _choose_compiled_paths(self, fused: bool) -> None:
         """Set ``draw_path`` from the ``fused`` argument and the rows; nothing is built yet."""
@@ -46,6 +50,10 @@ class CompiledSweepParts:
         #: (``step_methods/fused_group_path.py``).
         self.draw_path = "fused" if obstacle is None else f"python: {obstacle}"
         self._fused: FusedGroupSweep | None = None
+        #: Whether the fused sweep has waited for the helpers' code (its first call is next).
+        self._fused_ready = False
+        #: The compile helper's job on the fused sweep's drivers (0: none).
+        self._sweep_job = 0
         self._seed_fused = True
         self._walk: CompiledHyperWalk | None = None
         #: Whether the hyperparameters' walk may be compiled (False once it failed to).
@@ -55,6 +63,7 @@ class CompiledSweepParts:
         """Pickle without the compiled code (a worker loads it from the disk cache)."""
         state = self.__dict__.copy()
         state["_fused"] = state["_walk"] = None
+        state["_fused_ready"], state["_sweep_job"] = False, 0  # the helper's job is this process's
         return state
 
     def _compiled_walk(self) -> CompiledHyperWalk | None:
@@ -76,12 +85,11 @@ class CompiledSweepParts:
                 return None
         return self._walk
 
-    def _fused_sweep(self) -> FusedGroupSweep | None:
-        """Return the fused sweep where the step uses it, built at the first call.
+    def _built_fused_sweep(self) -> FusedGroupSweep | None:
+        """Return the fused sweep where the step uses it, built (not compiled) at the first call.
 
         Where PyTensor's Numba backend cannot compile the model's row functions, the step
-        decides in Python from then on, and ``draw_path`` says why. At a chain's first sweep
-        Numba's generator is seeded from the chain's, so that a chain is reproducible.
+        decides in Python from then on, and ``draw_path`` says why.
         """
         if self.draw_path != "fused":
             return None
@@ -95,7 +103,34 @@ class CompiledSweepParts:
                     f"python: PyTensor's Numba backend could not compile the sweep ({error})"
                 )
                 return None
+        return self._fused
+
+    def _compile_sweep_ahead(self, q: np.ndarray) -> None:
+        """Send the fused sweep's drivers to the compile helper, before their first call.
+
+        Called at a chain's first draw from ``q``, before its start moves the expansion: the
+        helper compiles them meanwhile (``FusedGroupSweep.send_to_helper``).
+        """
+        if self._fused_ready or self._sweep_job or not compile_helper.helper_available():
+            return
+        fused = self._built_fused_sweep()
+        if fused is not None:
+            self._sweep_job = fused.send_to_helper(self.layouts, self.batch_size, q)
+
+    def _fused_sweep(self) -> FusedGroupSweep | None:
+        """Return the fused sweep where the step uses it, ready for its call (or None).
+
+        Built at the first call (:meth:`_built_fused_sweep`), which first waits for the
+        helpers' code. At a chain's first sweep Numba's generator is seeded from the chain's,
+        so that a chain is reproducible.
+        """
+        fused = self._built_fused_sweep()
+        if fused is None:
+            return None
+        if not self._fused_ready:
+            fused.wait_for_helpers(self._sweep_job)
+            self._fused_ready, self._sweep_job = True, 0
         if self._seed_fused:
             seed_fused_draws(self.rng)
             self._seed_fused = False
-        return self._fused
+        return fused

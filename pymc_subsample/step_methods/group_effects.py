@@ -443,6 +443,8 @@ class GroupEffectsMH(CompiledSweepParts, GroupMoves, GroupRecentring, SubsampleS
         """One sweep: every group of every factor proposed and tested once."""
         q = np.array(q0.data, dtype=np.float64)
         if self.expansion.quadratics is None:
+            # The fused sweep's drivers compile in the helper while the start moves.
+            self._compile_sweep_ahead(q)
             self._recentre(q, newton_steps=START_NEWTON_STEPS)
         elif self.tune and self._draws in RECENTRE_AT:
             if self._draws > MEAN_FROM and self._tuning_count:

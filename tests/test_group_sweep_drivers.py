@@ -1,0 +1,149 @@
+"""A group sweep's drivers compiled ahead by the compile helper.
+
+The drivers are ``step_methods/group_sweep_drivers.py``'s.
+
+Deterministic checks, no Monte Carlo: no false failures.
+
+- Sent at a chain's first draw (``FusedGroupSweep.send_to_helper``), the helper compiles each
+  factor's sweep for the types of the call the draw makes: the draw then loads it from the
+  cache (a hit, no miss). In a fresh process on empty caches, the test waits for the helper's
+  job to end before the draw, so that the check does not depend on which process is faster.
+- The job pickles without the data: the rows' arrays travel as their types only.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pymc as pm
+import pytest
+
+from pymc_subsample import GroupEffectsMH
+from pymc_subsample.model import compile_helper, compiled
+from pymc_subsample.step_methods.group_sweep_drivers import GroupSweepJob
+
+REPOSITORY = Path(__file__).resolve().parents[1]
+
+_MODEL = """
+import numpy as np
+import pymc as pm
+from pymc_subsample import GroupEffectsMH
+
+sizes = np.array([30, 5, 80, 12, 50, 3, 40, 20] * 5)
+group = np.repeat(np.arange(sizes.size), sizes)
+rng = np.random.default_rng(3)
+y = rng.poisson(np.exp(rng.normal(0.5, 0.5, sizes.size)[group]))
+with pm.Model(coords={"group": range(sizes.size)}) as model:
+    mu = pm.Normal("mu", 0.0, 1.0)
+    a = pm.Normal("a", mu, 1.0, dims="group")
+    pm.Poisson("y", pm.math.exp(a[pm.Data("g", group)]), observed=y)
+    step = GroupEffectsMH([model["a"]])
+"""
+
+_LOADED_FROM_THE_CACHE = (
+    _MODEL
+    + """
+import json, time
+from pymc.blocking import DictToArrayBijection
+from pymc_subsample.model import compile_helper
+
+point = model.initial_point()
+q = DictToArrayBijection.map({v.name: point[v.name] for v in step.vars}).data
+# SPOIL
+step._compile_sweep_ahead(q)
+# RESTORE
+job = step._sweep_job
+(helper,) = compile_helper._helpers
+deadline = time.monotonic() + 300
+while job not in helper.finished | helper.failed and time.monotonic() < deadline:
+    assert helper.read(1.0), "the helper ended"
+step.step(point)
+stats = step._fused._sweeps[0].stats
+print(json.dumps({"path": step.draw_path, "job": job, "done": job in helper.finished,
+                  "hits": sum(stats.cache_hits.values()),
+                  "misses": sum(stats.cache_misses.values())}))
+"""
+)
+
+#: The same job sent for other types: the draw's call misses the helper's code.
+_WRONG_TYPES = """
+from pymc_subsample.step_methods import fused_group_path
+_arguments = fused_group_path.FusedGroupSweep._sweep_arguments
+def _integer_coordinates(self, *arguments, **options):
+    q, coordinates, *rest = _arguments(self, *arguments, **options)
+    return (q, coordinates.astype(np.int32), *rest)
+fused_group_path.FusedGroupSweep._sweep_arguments = _integer_coordinates
+"""
+_RESTORE = "fused_group_path.FusedGroupSweep._sweep_arguments = _arguments"
+
+
+def _run(code: str, caches: Path) -> dict:
+    """Run ``code`` in a fresh interpreter on empty caches; return its JSON line."""
+    env = dict(os.environ)
+    env["NUMBA_CACHE_DIR"] = str(caches / "numba")
+    env["PYTENSOR_FLAGS"] = f"base_compiledir={caches / 'pytensor'}"
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPOSITORY), env.get("PYTHONPATH")]))
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=900
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.skipif(not compile_helper.helper_available(), reason="needs two cores")
+@pytest.mark.parametrize("wrong_types", [False, True], ids=["sent", "sent for other types"])
+def test_the_draw_loads_the_sweep_the_helper_compiled(tmp_path: Path, wrong_types: bool) -> None:
+    # The helper's job ends, and the first draw's sweep loads its code: one hit, no miss.
+    # Sent for other argument types (the coordinates as int32), the draw misses and compiles
+    # it here: the check can fail, and would if the job's types were not the call's.
+    if not compiled.INTERPRETED_SECONDS:
+        pytest.skip("PyTensor 2 compiles every function at its first call: no helper")
+    found = _run(
+        _LOADED_FROM_THE_CACHE.replace("# SPOIL", _WRONG_TYPES if wrong_types else "").replace(
+            "# RESTORE", _RESTORE if wrong_types else ""
+        ),
+        tmp_path,
+    )
+    assert found["path"] == "fused"
+    assert found["job"] > 0
+    assert found["done"]
+    expected = {"hits": 0, "misses": 1} if wrong_types else {"hits": 1, "misses": 0}
+    assert {"hits": found["hits"], "misses": found["misses"]} == expected
+
+
+def test_the_job_carries_the_types_of_the_rows_not_the_rows(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # 2e5 rows (1.6 MB of counts): the job's pickle holds their types and the graphs, far
+    # less than the data, and passes the guard against data (MAX_ARRAY_BYTES). Caught if the
+    # job carried the arrays themselves (the pickle would hold the rows).
+    sizes = np.full(100, 2_000)
+    group = np.repeat(np.arange(sizes.size), sizes)
+    y = np.random.default_rng(0).poisson(2.0, group.size)
+    with pm.Model(coords={"group": range(sizes.size)}) as model:
+        a = pm.Normal("a", 0.5, 1.0, dims="group")
+        pm.Poisson("y", pm.math.exp(a[pm.Data("g", group)]), observed=y)
+        step = GroupEffectsMH([model["a"]])
+    sent: list[bytes] = []
+    monkeypatch.setattr(compile_helper, "helper_available", lambda: True)
+
+    def submit_job(job: GroupSweepJob) -> int:  # pickled as the helper's jobs are
+        buffer = io.BytesIO()
+        compile_helper._DataFreePickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(job)
+        sent.append(buffer.getvalue())
+        return len(sent)
+
+    monkeypatch.setattr(compile_helper, "submit_job", submit_job)
+    q = np.zeros(sizes.size)
+    step._compile_sweep_ahead(q)
+    assert step._sweep_job == 1
+    (payload,) = sent
+    assert isinstance(pickle.loads(payload), GroupSweepJob)
+    assert len(payload) < y.nbytes / 10
