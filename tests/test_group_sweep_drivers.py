@@ -8,6 +8,7 @@ Deterministic checks, no Monte Carlo: no false failures.
   factor's sweep for the types of the call the draw makes: the draw then loads it from the
   cache (a hit, no miss). In a fresh process on empty caches, the test waits for the helper's
   job to end before the draw, so that the check does not depend on which process is faster.
+  Once they are cached, a step sends no job (a warm build loads them itself).
 - The job pickles without the data: the rows' arrays travel as their types only.
 """
 
@@ -66,9 +67,13 @@ while job not in helper.finished | helper.failed and time.monotonic() < deadline
     assert helper.read(1.0), "the helper ended"
 step.step(point)
 stats = step._fused._sweeps[0].stats
+with model:  # the same model's second step: its drivers are cached now
+    second = GroupEffectsMH([model["a"]])
+second._compile_sweep_ahead(q)
 print(json.dumps({"path": step.draw_path, "job": job, "done": job in helper.finished,
                   "hits": sum(stats.cache_hits.values()),
-                  "misses": sum(stats.cache_misses.values())}))
+                  "misses": sum(stats.cache_misses.values()),
+                  "second_job": second._sweep_job}))
 """
 )
 
@@ -116,6 +121,9 @@ def test_the_draw_loads_the_sweep_the_helper_compiled(tmp_path: Path, wrong_type
     assert found["done"]
     expected = {"hits": 0, "misses": 1} if wrong_types else {"hits": 1, "misses": 0}
     assert {"hits": found["hits"], "misses": found["misses"]} == expected
+    # Once the drivers are cached, a step sends no job: a warm build loads them itself
+    # (caught if it sent one, which would start a helper process to load them).
+    assert found["second_job"] == 0
 
 
 def test_the_job_carries_the_types_of_the_rows_not_the_rows(

@@ -36,6 +36,7 @@ from numba.core import types
 __all__ = [
     "KERNEL_SIGNATURES",
     "compile_kernels",
+    "dispatcher_cached",
     "kernels_cached",
     "start_kernel_warm_up",
     "wait_for_kernel_warm_up",
@@ -127,11 +128,15 @@ def compile_kernels(modules: Sequence[str]) -> None:
 
 def kernels_cached(modules: Sequence[str]) -> bool:
     """Whether Numba's cache holds an index for every kernel of ``modules`` (no load)."""
-    return all(_kernel_cached(dispatcher) for dispatcher, _ in _dispatchers(modules))
+    return all(dispatcher_cached(dispatcher) for dispatcher, _ in _dispatchers(modules))
 
 
-def _kernel_cached(dispatcher: Any) -> bool:
-    """Whether Numba's cache holds an index for ``dispatcher`` (a signature of it, at least)."""
+def dispatcher_cached(dispatcher: Any) -> bool:
+    """Whether Numba's cache holds an index for ``dispatcher`` (a signature of it, at least).
+
+    Any Numba dispatcher compiled with ``cache=True``: the package's kernels, or a generated
+    driver (``model/compiled.compile_driver``). Nothing is loaded.
+    """
     cache_file = getattr(getattr(dispatcher, "_cache", None), "_cache_file", None)
     index = getattr(cache_file, "_index_path", None)
     return index is not None and os.path.exists(index)
@@ -228,7 +233,7 @@ def _compile_ahead_of(helper: subprocess.Popen[bytes]) -> None:
     the build ran is not waited for with a core idle.
     """
     for dispatcher, signatures in reversed(_dispatchers(_helper_modules.get(helper.pid, ()))):
-        if helper.poll() is not None or _kernel_cached(dispatcher):
+        if helper.poll() is not None or dispatcher_cached(dispatcher):
             return
         for signature in signatures:
             dispatcher.compile(signature)

@@ -35,7 +35,7 @@ from pymc_subsample.kernels.group_effects import (
     GroupSweepInfo,
 )
 from pymc_subsample.kernels.group_tests import BARKER, GroupTest
-from pymc_subsample.kernels.warm_up import wait_for_kernel_warm_up
+from pymc_subsample.kernels.warm_up import dispatcher_cached, wait_for_kernel_warm_up
 from pymc_subsample.model import compile_helper
 from pymc_subsample.step_methods.group_sweep_drivers import GroupSweepDrivers, GroupSweepJob
 
@@ -233,6 +233,14 @@ class FusedGroupSweep:
                 signatures=tuple(signatures),
             )
         )
+
+    def drivers_cached(self) -> bool:
+        """Whether Numba's cache holds the sweep drivers already (a model built before).
+
+        A warm build loads them in a fraction of a second; a helper's job would start a
+        helper process and build the model's functions there first (about 1 s).
+        """
+        return all(dispatcher_cached(sweep) for sweep in self._sweeps)
 
     def wait_for_helpers(self, job: int) -> None:
         """Wait for the helpers' code before the drivers' first call, to load it from the cache.

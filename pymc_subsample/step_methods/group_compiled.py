@@ -109,12 +109,13 @@ class CompiledSweepParts:
         """Send the fused sweep's drivers to the compile helper, before their first call.
 
         Called at a chain's first draw from ``q``, before its start moves the expansion: the
-        helper compiles them meanwhile (``FusedGroupSweep.send_to_helper``).
+        helper compiles them meanwhile (``FusedGroupSweep.send_to_helper``). Not where the
+        cache holds them already (a warm build loads them here).
         """
         if self._fused_ready or self._sweep_job or not compile_helper.helper_available():
             return
         fused = self._built_fused_sweep()
-        if fused is not None:
+        if fused is not None and not fused.drivers_cached():
             self._sweep_job = fused.send_to_helper(self.layouts, self.batch_size, q)
 
     def _fused_sweep(self) -> FusedGroupSweep | None:
