@@ -30,9 +30,11 @@ functions at its first call and at the call that compiles it (``first_calls``: w
 cost the build; with ``compiled.INTERPRETED_SECONDS`` above 0 the set-up's functions run on
 PyTensor's Python linker first, and the first call and the compiling one differ).
 
-Run ``python benchmarks/first_build.py`` (``--rows 100000``: about 15 minutes on 2 cores; the
-hierarchy's cold build at 1e6 rows alone took more than 30 minutes); ``--models hierarchy`` for a
-part. Writes ``results/first_build.json`` after each case.
+Run ``python benchmarks/first_build.py`` (``--rows 100000``: about 12 minutes on 2 cores,
+``--rows 1000000`` about 15); ``--models hierarchy`` for a part. ``--cold-pairs K`` adds K cold
+builds of ours and NUTS's, one after the other, per case (``cold_pairs``: each pair's seconds and
+ratio, and their median), since one cold ratio moves by about 0.4 from run to run on a shared
+machine. Writes ``results/first_build.json`` after each case.
 """
 
 from __future__ import annotations
@@ -186,12 +188,13 @@ def run_child(
     return child_json(__file__, [model_name, sampler, str(n_rows), str(n_groups)], env)
 
 
-def measure(model_name: str, n_rows: int, n_groups: int) -> dict[str, Any]:
+def measure(model_name: str, n_rows: int, n_groups: int, cold_repeats: int = 0) -> dict[str, Any]:
     """Cold, new-model and warm runs of each sampler, each sampler on caches of its own.
 
     "new_model" runs on caches that a process building :data:`PREWARM` (small models sharing
     no graph with the benchmark's) filled first: the package's own kernels (and PyTensor's
-    per-operation code) cached, the model's graphs not.
+    per-operation code) cached, the model's graphs not. ``cold_repeats`` more cold builds of
+    each, in pairs (:func:`_cold_pairs`).
     """
     runs: dict[str, Any] = {}
     for sampler in SAMPLERS:
@@ -210,7 +213,7 @@ def measure(model_name: str, n_rows: int, n_groups: int) -> dict[str, Any]:
             flush=True,
         )
     ours, nuts = runs["austerity"], runs["nuts"]
-    return {
+    result: dict[str, Any] = {
         "runs": runs,
         "ratio_to_nuts": {
             state: ours[state]["setup_seconds"] / nuts[state]["setup_seconds"] for state in STATES
@@ -219,6 +222,31 @@ def measure(model_name: str, n_rows: int, n_groups: int) -> dict[str, Any]:
             state: _total(ours[state]) / nuts[state]["setup_seconds"] for state in STATES
         },
     }
+    if cold_repeats:
+        result["cold_pairs"] = _cold_pairs(model_name, n_rows, n_groups, cold_repeats)
+    return result
+
+
+def _cold_pairs(model_name: str, n_rows: int, n_groups: int, pairs: int) -> dict[str, Any]:
+    """More cold builds, ours and NUTS's one after the other: the ratio's spread.
+
+    NUTS's cold set-up varies by a quarter from run to run on a shared machine, and the
+    ratio with it; each pair runs the two side by side, so a slow spell slows both. Reported:
+    each pair's seconds (ours: set-up and first draw) and ratio, and the median ratio.
+    """
+    seconds: dict[str, list[float]] = {sampler: [] for sampler in SAMPLERS}
+    for _ in range(pairs):
+        for sampler in SAMPLERS:
+            with tempfile.TemporaryDirectory() as caches:
+                seconds[sampler].append(
+                    _total(run_child(model_name, sampler, n_rows, n_groups, caches))
+                )
+    ratios = [ours / nuts for ours, nuts in zip(seconds["austerity"], seconds["nuts"], strict=True)]
+    print(
+        f"{model_name} N={n_rows:,} cold pairs: " + ", ".join(f"{ratio:.2f}x" for ratio in ratios),
+        flush=True,
+    )
+    return {"seconds": seconds, "ratios": ratios, "median_ratio": float(np.median(ratios))}
 
 
 def _total(result: dict[str, Any]) -> float:
@@ -231,6 +259,12 @@ def main() -> None:
     parser.add_argument("--rows", type=int, nargs="+", default=[100_000, 1_000_000])
     parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
     parser.add_argument("--groups", type=int, default=N_GROUPS, help="the hierarchy's groups")
+    parser.add_argument(
+        "--cold-pairs",
+        type=int,
+        default=0,
+        help="more cold builds of ours and NUTS's, side by side, for the ratio's spread",
+    )
     args = parser.parse_args()
     # Cases not run this time keep their results from an earlier run.
     path = RESULTS / "first_build.json"
@@ -240,7 +274,7 @@ def main() -> None:
             key = f"{model_name}_{n_rows}"
             if model_name == "hierarchy":
                 key = f"{model_name}_{args.groups}_groups_{n_rows}"
-            results[key] = measure(model_name, n_rows, args.groups)
+            results[key] = measure(model_name, n_rows, args.groups, args.cold_pairs)
             # Written after each case: a long run stopped part-way keeps what it measured.
             write_json("first_build", {"results": results})
 
