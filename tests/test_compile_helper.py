@@ -23,11 +23,8 @@ Deterministic checks, no Monte Carlo: no false failures.
 
 from __future__ import annotations
 
-import json
 import multiprocessing
 import os
-import subprocess
-import sys
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -36,11 +33,9 @@ import numpy as np
 import pytensor
 import pytensor.tensor as pt
 import pytest
+from fresh_process import run_fresh
 
 from pymc_subsample.model import compile_helper, compiled
-
-REPOSITORY = Path(__file__).resolve().parents[1]
-TESTS = Path(__file__).resolve().parent
 
 
 def scaled_sum_graph(scale: float) -> tuple[list[Any], Any]:
@@ -57,22 +52,7 @@ def data_graph(data: Any) -> tuple[list[Any], Any]:
 
 def _run(code: str, caches: Path, *options: str) -> tuple[dict, str]:
     """Run ``code`` in a fresh interpreter on empty caches; return its JSON line and stderr."""
-    env = dict(os.environ)
-    env["NUMBA_CACHE_DIR"] = str(caches / "numba")
-    env["PYTENSOR_FLAGS"] = f"base_compiledir={caches / 'pytensor'}"
-    env["PYTHONPATH"] = os.pathsep.join(
-        filter(None, [str(REPOSITORY), str(TESTS), env.get("PYTHONPATH")])
-    )
-    done = subprocess.run(
-        [sys.executable, *options, "-c", code],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1]), done.stderr
+    return run_fresh(code, caches, *options, timeout=600)
 
 
 _FILLS_THE_CACHE = """
@@ -170,14 +150,8 @@ def test_a_job_not_started_is_withdrawn_when_this_process_compiles_it(tmp_path: 
     assert found == {"started": False, "gone": True, "first": True, "second": True}
 
 
-def test_while_a_job_runs_this_process_compiles_the_jobs_not_started(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
-    # Job 1 runs in the helper; jobs 2 and 3 wait in its queue. Waiting for job 1, this
-    # process takes back job 3, then job 2 (the last first: the helper reaches them in
-    # order), and compiles them itself, rather than wait idle; their files are removed, so
-    # the helper skips them. Caught if wait_for waited idle (nothing compiled here), took
-    # them in the helper's order, or took the job the helper had read.
+def _queued_helper(tmp_path: Path) -> Any:
+    """A stand-in helper running job 1, with jobs 2 and 3 in its queue (files in tmp_path)."""
     helper: Any = object.__new__(compile_helper._Helper)
     helper.pid, helper.first_job, helper.jobs = os.getpid(), 0, 3
     helper.started, helper.finished, helper.failed = {1}, set(), set()
@@ -187,6 +161,18 @@ def test_while_a_job_runs_this_process_compiles_the_jobs_not_started(
         path.write_bytes(f"graph {job}".encode())
         helper._files.append(str(path))
     Path(helper._files[0]).unlink()  # read by the helper
+    return helper
+
+
+def test_while_a_job_runs_this_process_compiles_the_jobs_not_started(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # Job 1 runs in the helper; jobs 2 and 3 wait in its queue. Waiting for job 1, this
+    # process takes back job 3, then job 2 (the last first: the helper reaches them in
+    # order), and compiles them itself, rather than wait idle; their files are removed, so
+    # the helper skips them. Caught if wait_for waited idle (nothing compiled here), took
+    # them in the helper's order, or took the job the helper had read.
+    helper = _queued_helper(tmp_path)
     compiled_here: list[bytes] = []
 
     def read(timeout: float) -> bool:  # job 1 ends once the other two are compiled here
@@ -208,15 +194,7 @@ def test_a_wait_that_ends_the_build_takes_back_no_job(
     # The same queue as above, waited for with take_back=False (a group sweep's drivers, the
     # build's last compile): nothing is compiled here and the queued jobs stay the helper's.
     # Caught if the flag were ignored (jobs 3 and 2 compiled here, their files gone).
-    helper: Any = object.__new__(compile_helper._Helper)
-    helper.pid, helper.first_job, helper.jobs = os.getpid(), 0, 3
-    helper.started, helper.finished, helper.failed = {1}, set(), set()
-    helper._files = []
-    for job in (1, 2, 3):
-        path = tmp_path / f"job_{job}.pkl"
-        path.write_bytes(f"graph {job}".encode())
-        helper._files.append(str(path))
-    Path(helper._files[0]).unlink()  # read by the helper
+    helper = _queued_helper(tmp_path)
     compiled_here: list[bytes] = []
     reads = []
 

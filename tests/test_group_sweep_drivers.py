@@ -15,22 +15,17 @@ Deterministic checks, no Monte Carlo: no false failures.
 from __future__ import annotations
 
 import io
-import json
-import os
 import pickle
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pymc as pm
 import pytest
+from fresh_process import run_fresh
 
 from pymc_subsample import GroupEffectsMH
 from pymc_subsample.model import compile_helper, compiled
 from pymc_subsample.step_methods.group_sweep_drivers import GroupSweepJob
-
-REPOSITORY = Path(__file__).resolve().parents[1]
 
 _MODEL = """
 import numpy as np
@@ -90,16 +85,8 @@ _RESTORE = "fused_group_path.FusedGroupSweep._sweep_arguments = _arguments"
 
 
 def _run(code: str, caches: Path) -> dict:
-    """Run ``code`` in a fresh interpreter on empty caches; return its JSON line."""
-    env = dict(os.environ)
-    env["NUMBA_CACHE_DIR"] = str(caches / "numba")
-    env["PYTENSOR_FLAGS"] = f"base_compiledir={caches / 'pytensor'}"
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPOSITORY), env.get("PYTHONPATH")]))
-    done = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=900
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    """Run ``code`` in a fresh interpreter on the caches in ``caches``; return its JSON line."""
+    return run_fresh(code, caches)[0]
 
 
 @pytest.mark.skipif(not compile_helper.helper_available(), reason="needs two cores")

@@ -24,6 +24,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from fresh_process import run_fresh
 
 from pymc_subsample import helper_processes
 from pymc_subsample.helper_processes import available_cores
@@ -34,15 +35,7 @@ REPOSITORY = Path(__file__).resolve().parents[1]
 
 def _run(code: str, caches: Path) -> dict:
     """Run ``code`` in a fresh interpreter on the caches in ``caches``; return its JSON line."""
-    env = dict(os.environ)
-    env["NUMBA_CACHE_DIR"] = str(caches / "numba")
-    env["PYTENSOR_FLAGS"] = f"base_compiledir={caches / 'pytensor'}"
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPOSITORY), env.get("PYTHONPATH")]))
-    done = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return run_fresh(code, caches)[0]
 
 
 _REPORT_COMPILED = """
