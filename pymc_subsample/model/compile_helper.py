@@ -158,13 +158,7 @@ class _Helper:
 
         Return its pickle; None where the helper has read it meanwhile.
         """
-        path = Path(self._files[job - self.first_job - 1])
-        try:
-            payload = path.read_bytes()
-            path.unlink()
-        except OSError:  # read by the helper
-            return None
-        return payload
+        return _take(self._files[job - self.first_job - 1])
 
     def take_last_pending(self) -> bytes | None:
         """Withdraw the last job the helper has not read and return its graph (None: none).
@@ -172,14 +166,10 @@ class _Helper:
         A job's file exists until the helper reads it or the job is withdrawn. Where the helper
         reads it at the same moment, both may compile it: the same code into the same cache.
         """
-        for path in reversed(self._files):
-            try:
-                payload = Path(path).read_bytes()
-                Path(path).unlink()
-            except OSError:  # read by the helper, or withdrawn
-                continue
-            return payload
-        return None
+        return next(
+            (payload for path in reversed(self._files) if (payload := _take(path)) is not None),
+            None,
+        )
 
     def stop(self) -> None:
         """Stop the helper and reap it."""
@@ -189,6 +179,16 @@ class _Helper:
                 stream.close()
         for path in self._files:  # the jobs it had not read
             Path(path).unlink(missing_ok=True)
+
+
+def _take(path: str) -> bytes | None:
+    """Read a job's file and remove it; None where the helper read it first (or it is gone)."""
+    try:
+        payload = Path(path).read_bytes()
+        Path(path).unlink()
+    except OSError:
+        return None
+    return payload
 
 
 #: The helpers this process started, the running one last.

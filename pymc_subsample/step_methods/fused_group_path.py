@@ -90,14 +90,15 @@ class FusedGroupSweep:
         self._residual = functions.residual.numba_kernel()
         self._parts = [function.numba_kernel() for function in functions.parts]
         self._coordinates = [factor.coordinates for factor in functions.factors]
+        #: What the drivers' source depends on besides the functions (``GroupSweepDrivers``).
+        self._driver_shapes: dict[str, Any] = {
+            "n_tables": len(functions.cell_shapes),
+            "n_data": len(oracles.row_arrays()),
+            "factor_sizes": tuple(factor.size for factor in functions.factors),
+        }
         # Compiled (or loaded from the cache) at their first call (wait_for_helpers first).
         drivers = GroupSweepDrivers(
-            self._change,
-            self._residual,
-            self._parts,
-            n_tables=len(functions.cell_shapes),
-            n_data=len(oracles.row_arrays()),
-            factor_sizes=[factor.size for factor in functions.factors],
+            self._change, self._residual, self._parts, **self._driver_shapes
         )
         self._decisions = drivers.decisions
         self._sweeps = drivers.sweeps
@@ -227,10 +228,8 @@ class FusedGroupSweep:
                 change=functions.change.recipe,
                 residual=functions.residual.recipe,
                 parts=tuple(function.recipe for function in functions.parts),
-                n_tables=len(functions.cell_shapes),
-                n_data=len(self._oracles.row_arrays()),
-                factor_sizes=tuple(factor.size for factor in functions.factors),
                 signatures=tuple(signatures),
+                **self._driver_shapes,
             )
         )
 
