@@ -142,3 +142,82 @@ def test_the_job_carries_the_types_of_the_rows_not_the_rows(
     (payload,) = sent
     assert isinstance(pickle.loads(payload), GroupSweepJob)
     assert len(payload) < y.nbytes / 10
+
+
+def _small_hierarchy() -> tuple[pm.Model, GroupEffectsMH]:
+    sizes = np.array([30, 5, 80, 12, 50, 3, 40, 20])
+    group = np.repeat(np.arange(sizes.size), sizes)
+    y = np.random.default_rng(1).poisson(2.0, group.size)
+    with pm.Model(coords={"group": range(sizes.size)}) as model:
+        mu = pm.Normal("mu", 0.0, 1.0)
+        a = pm.Normal("a", mu, 1.0, dims="group")
+        pm.Poisson("y", pm.math.exp(a[pm.Data("g", group)]), observed=y)
+        step = GroupEffectsMH()
+    return model, step
+
+
+def test_llvm_optimisation_sets_numba_level_and_restores_it() -> None:
+    # Inside the block Numba's passes read level 1; after it (an error included) the
+    # process's level is back. Caught if the level were not set, or not restored.
+    from numba.core import config as numba_config
+
+    saved = int(numba_config.OPT)
+    with compiled.llvm_optimisation(1):
+        assert int(numba_config.OPT) == 1
+    assert int(numba_config.OPT) == saved
+    with pytest.raises(ValueError), compiled.llvm_optimisation(0):
+        raise ValueError
+    assert int(numba_config.OPT) == saved
+
+
+def test_a_sweep_compiled_here_is_compiled_at_the_drivers_level(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The first call of a factor's sweep (which compiles it where the helper did not) runs
+    # at SWEEP_LLVM_OPT, later calls at the process's level: the same code as the helper's
+    # job compiles. Caught if the first call ran at the process's level.
+    from numba.core import config as numba_config
+
+    from pymc_subsample.step_methods.group_sweep_drivers import SWEEP_LLVM_OPT
+
+    monkeypatch.setattr(compile_helper, "_unavailable", True)
+    model, step = _small_hierarchy()
+    fused = step._built_fused_sweep()
+    assert fused is not None
+    sweep = fused._sweeps[0]
+    levels: list[int] = []
+
+    def recording(*arguments: object) -> object:
+        levels.append(int(numba_config.OPT))
+        return sweep(*arguments)
+
+    fused._sweeps[0] = recording
+    point = model.initial_point()
+    step.step(point)
+    step.step(point)
+    assert levels == [SWEEP_LLVM_OPT, int(numba_config.OPT)]
+    assert SWEEP_LLVM_OPT != int(numba_config.OPT)
+
+
+def test_the_prior_compiles_here_while_the_helper_compiles_the_drivers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # With the drivers' job in the helper, the first sweep evaluates the prior (compiling
+    # it, for the moves after the sweep) before it waits for the job; without a job (a warm
+    # build, no helper) it does not. Caught if the prior were left to after the wait.
+    _, step = _small_hierarchy()
+    fused = step._built_fused_sweep()
+    assert fused is not None
+    calls: list[str] = []
+    monkeypatch.setattr(
+        type(step.oracles), "log_prior", lambda self, q: calls.append("prior") or 0.0
+    )
+    monkeypatch.setattr(fused, "wait_for_helpers", lambda job: calls.append(f"wait {job}"))
+    q = np.zeros(9)
+    step._sweep_job = 7
+    step._fused_sweep(q)
+    assert calls == ["prior", "wait 7"]
+    calls.clear()
+    step._fused_ready, step._sweep_job = False, 0
+    step._fused_sweep(q)
+    assert calls == ["wait 0"]

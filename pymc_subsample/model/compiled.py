@@ -488,6 +488,27 @@ def collection_paused() -> Iterator[None]:
             gc.enable()
 
 
+@contextmanager
+def llvm_optimisation(level: int) -> Iterator[None]:
+    """Compile Numba code within the block at LLVM optimisation ``level`` (``NUMBA_OPT``).
+
+    Numba reads its ``OPT`` setting at each compile's LLVM passes (machine code generation
+    keeps the process's level). A generated driver is glue around kernels that Numba has
+    optimised at their own compile: their code is linked into the driver's and optimised once
+    more with it, which is most of a large driver's compile (``docs/architecture.md``,
+    "The first build").
+    """
+    from numba.core import config
+
+    numba_config: Any = config  # its settings are set at import, from the environment
+    saved = numba_config.OPT
+    numba_config.OPT = type(saved)(level)
+    try:
+        yield
+    finally:
+        numba_config.OPT = saved
+
+
 def compile_driver(
     source: str,
     name: str,

@@ -454,16 +454,6 @@ class ModelOracles(RowSums):
         rows.prefetch()  # the larger graph first: the search's Laplace check calls it
         prior.prefetch()
 
-    def prefetch_prior(self, *, gradient: bool) -> None:
-        """Have the compile helper compile :meth:`log_prior` (or its gradient) meanwhile.
-
-        For a step whose draws call it from Python, on a machine's first build (a group
-        step's hyperparameter walk, or its Newton step in the shared coefficients:
-        ``LazyFunction.prefetch``).
-        """
-        function = self._functions.prior_grad if gradient else self._functions.prior
-        function.prefetch(from_drivers=False)
-
     def _draw_functions(self) -> tuple[LazyFunction, LazyFunction]:
         """Return the prior ratio's and the rows' functions of :meth:`numba_kernels`."""
         functions = self._functions

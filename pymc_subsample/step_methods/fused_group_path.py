@@ -37,7 +37,12 @@ from pymc_subsample.kernels.group_effects import (
 from pymc_subsample.kernels.group_tests import BARKER, GroupTest
 from pymc_subsample.kernels.warm_up import dispatcher_cached, wait_for_kernel_warm_up
 from pymc_subsample.model import compile_helper
-from pymc_subsample.step_methods.group_sweep_drivers import GroupSweepDrivers, GroupSweepJob
+from pymc_subsample.model.compiled import llvm_optimisation
+from pymc_subsample.step_methods.group_sweep_drivers import (
+    SWEEP_LLVM_OPT,
+    GroupSweepDrivers,
+    GroupSweepJob,
+)
 
 if TYPE_CHECKING:
     from pymc_subsample.model.group_effects import GroupEffectFunctions
@@ -118,6 +123,8 @@ class FusedGroupSweep:
         self._last_quadratic: tuple[GroupQuadratic, tuple[np.ndarray, ...]] | None = None
         #: Each factor's and number of sweeps' noise buffers, filled by the driver's calls.
         self._noise: dict[tuple[int, int], tuple[np.ndarray, ...]] = {}
+        #: The factors whose sweep has been called (compiled, or loaded from the cache).
+        self._called: set[int] = set()
 
     def sweep(
         self,
@@ -154,9 +161,15 @@ class FusedGroupSweep:
         else:
             buffers = tuple(np.ascontiguousarray(values, dtype=np.float64) for values in noise)
         counts = np.zeros(len(fused_groups.COUNT_FIELDS) + 1, dtype=np.int64)
-        result = self._sweeps[f](
-            *self._sweep_arguments(f, rows, batch_size, q, quadratic, buffers, draw_noise, counts)
+        arguments = self._sweep_arguments(
+            f, rows, batch_size, q, quadratic, buffers, draw_noise, counts
         )
+        if f in self._called:
+            result = self._sweeps[f](*arguments)
+        else:  # compiled here where the helper did not (group_sweep_drivers.SWEEP_LLVM_OPT)
+            with llvm_optimisation(SWEEP_LLVM_OPT):
+                result = self._sweeps[f](*arguments)
+            self._called.add(f)
         n_data, n_full_groups, n_nonfinite, n_accepted = counts.tolist()
         return result, GroupSweepInfo(n_data, n_accepted, n_full_groups, n_nonfinite)
 

@@ -118,17 +118,21 @@ class CompiledSweepParts:
         if fused is not None and not fused.drivers_cached():
             self._sweep_job = fused.send_to_helper(self.layouts, self.batch_size, q)
 
-    def _fused_sweep(self) -> FusedGroupSweep | None:
-        """Return the fused sweep where the step uses it, ready for its call (or None).
+    def _fused_sweep(self, q: np.ndarray) -> FusedGroupSweep | None:
+        """Return the fused sweep where the step uses it, ready for its call from ``q`` (or None).
 
         Built at the first call (:meth:`_built_fused_sweep`), which first waits for the
-        helpers' code. At a chain's first sweep Numba's generator is seeded from the chain's,
-        so that a chain is reproducible.
+        helpers' code. Where the helper compiles the drivers, this process first compiles
+        the prior, which the draw's moves after the sweep evaluate from Python (a cold
+        compile of a second or more, otherwise paid after the wait). At a chain's first sweep
+        Numba's generator is seeded from the chain's, so that a chain is reproducible.
         """
         fused = self._built_fused_sweep()
         if fused is None:
             return None
         if not self._fused_ready:
+            if self._sweep_job:
+                self.oracles.log_prior(q)
             fused.wait_for_helpers(self._sweep_job)
             self._fused_ready, self._sweep_job = True, 0
         if self._seed_fused:

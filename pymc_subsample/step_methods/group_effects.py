@@ -297,14 +297,10 @@ class GroupEffectsMH(CompiledSweepParts, GroupMoves, GroupRecentring, SubsampleS
         if fused and self._first_build:
             # A machine's first build: the group sweep's functions compile in a helper during
             # the set-up (elsewhere compiling them here is quicker, model/compile_helper.py).
-            for function in (*functions.parts, functions.change, functions.residual):
+            # The prior and its gradient, which the first draw calls from Python, compile here
+            # while the helper compiles the sweep's drivers (group_compiled.py).
+            for function in (functions.change, functions.residual, *functions.parts):
                 function.prefetch()
-            # What the first draw calls from Python: the shared coefficients' Newton step
-            # and the hyperparameters' walk (step_methods/group_recentring.py, group_moves.py).
-            if functions.direct_coordinates.size:
-                self.oracles.prefetch_prior(gradient=True)
-            if functions.free_coordinates.size:
-                self.oracles.prefetch_prior(gradient=False)
         self.strata: Strata | None = None
         self.layouts = self._layouts()
         self._n_groups = sum(factor.n_groups for factor in self.factors)
@@ -458,7 +454,7 @@ class GroupEffectsMH(CompiledSweepParts, GroupMoves, GroupRecentring, SubsampleS
             self._tuning_count += 1
         assert self.expansion.quadratics is not None
         self._draws += 1
-        fused = self._fused_sweep()
+        fused = self._fused_sweep(q)
         if fused is not None and len(self.factors) == 1:
             # One factor's sweeps leave its expansion as it is (it reads the other factors):
             # the compiled path makes them in one call. (Kept short: Python run after the
