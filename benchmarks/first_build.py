@@ -19,7 +19,11 @@ and its gradient (what NUTS pays before its first draw, as ``setup_cost.py`` mea
 ``first_draw_seconds`` is ours' first draw after it (``pm.sample`` of one draw without tuning,
 PyMC's own overhead of a run included): where a step compiles at its first draw (the fused
 draw, the group step's functions), that is part of what the user waits for before sampling,
-so ``ratio_to_first_draw`` compares their sum with NUTS's set-up.
+so ``ratio_to_first_draw`` compares their sum with NUTS's set-up. ``pm.sample`` builds the
+trace before either's first draw (its point function compiles: cold, 1-2 s on the hierarchy),
+which ours' first draw includes and NUTS's set-up does not: ``trace_seconds`` times the same
+``init_traces`` call after NUTS's set-up, and ``ratio_to_sampling`` compares ours' set-up and
+first draw with NUTS's set-up and trace, each up to where its sampler starts drawing.
 Both include starting PyTensor's Numba backend, which the first compile of a process pays.
 "New model" runs on caches that a process building two small Poisson models (sharing no graph
 with these) filled first: what a user's second model meets, the package's own Numba kernels
@@ -33,8 +37,8 @@ PyTensor's Python linker first, and the first call and the compiling one differ)
 Run ``python benchmarks/first_build.py`` (``--rows 100000``: about 12 minutes on 2 cores,
 ``--rows 1000000`` about 15); ``--models hierarchy`` for a part. ``--cold-pairs K`` adds K cold
 builds of ours and NUTS's, one after the other, per case (``cold_pairs``: each pair's seconds and
-ratio, and their median), since one cold ratio moves by about 0.4 from run to run on a shared
-machine. Writes ``results/first_build.json`` after each case.
+ratio, and their median; ``ratios_to_sampling`` likewise), since one cold ratio moves by about
+0.4 from run to run on a shared machine. Writes ``results/first_build.json`` after each case.
 """
 
 from __future__ import annotations
@@ -155,8 +159,17 @@ def child(model_name: str, sampler: str, n_rows: int, n_groups: int) -> dict[str
     start = time.perf_counter()
     with model:
         if sampler == "nuts":
-            nuts_setup(model)
+            nuts = nuts_setup(model)
             result["setup_seconds"] = time.perf_counter() - start
+            # What pm.sample then builds before NUTS's first draw, as before ours': the
+            # trace, whose point function compiles (the model's deterministics).
+            initial_point = model.initial_point()
+            traced = time.perf_counter()
+            pm.backends.init_traces(
+                backend=None, chains=1, expected_length=1, step=nuts,
+                initial_point=initial_point, model=model,
+            )  # fmt: skip
+            result["trace_seconds"] = time.perf_counter() - traced
         else:
             step = pms.AusterityMH()
             result["setup_seconds"] = time.perf_counter() - start
@@ -221,6 +234,9 @@ def measure(model_name: str, n_rows: int, n_groups: int, cold_repeats: int = 0) 
         "ratio_to_first_draw": {
             state: _total(ours[state]) / nuts[state]["setup_seconds"] for state in STATES
         },
+        "ratio_to_sampling": {
+            state: _total(ours[state]) / _until_sampling(nuts[state]) for state in STATES
+        },
     }
     if cold_repeats:
         result["cold_pairs"] = _cold_pairs(model_name, n_rows, n_groups, cold_repeats)
@@ -234,24 +250,39 @@ def _cold_pairs(model_name: str, n_rows: int, n_groups: int, pairs: int) -> dict
     ratio with it; each pair runs the two side by side, so a slow spell slows both. Reported:
     each pair's seconds (ours: set-up and first draw) and ratio, and the median ratio.
     """
-    seconds: dict[str, list[float]] = {sampler: [] for sampler in SAMPLERS}
+    seconds: dict[str, list[float]] = {sampler: [] for sampler in (*SAMPLERS, "nuts_sampling")}
     for _ in range(pairs):
         for sampler in SAMPLERS:
             with tempfile.TemporaryDirectory() as caches:
-                seconds[sampler].append(
-                    _total(run_child(model_name, sampler, n_rows, n_groups, caches))
-                )
-    ratios = [ours / nuts for ours, nuts in zip(seconds["austerity"], seconds["nuts"], strict=True)]
+                result = run_child(model_name, sampler, n_rows, n_groups, caches)
+            seconds[sampler].append(_total(result))
+            if sampler == "nuts":
+                seconds["nuts_sampling"].append(_until_sampling(result))
+    ours = seconds["austerity"]
+    ratios = [a / b for a, b in zip(ours, seconds["nuts"], strict=True)]
+    to_sampling = [a / b for a, b in zip(ours, seconds["nuts_sampling"], strict=True)]
     print(
-        f"{model_name} N={n_rows:,} cold pairs: " + ", ".join(f"{ratio:.2f}x" for ratio in ratios),
+        f"{model_name} N={n_rows:,} cold pairs: "
+        + ", ".join(f"{a:.2f}x ({b:.2f}x)" for a, b in zip(ratios, to_sampling, strict=True)),
         flush=True,
     )
-    return {"seconds": seconds, "ratios": ratios, "median_ratio": float(np.median(ratios))}
+    return {
+        "seconds": seconds,
+        "ratios": ratios,
+        "median_ratio": float(np.median(ratios)),
+        "ratios_to_sampling": to_sampling,
+        "median_ratio_to_sampling": float(np.median(to_sampling)),
+    }
 
 
 def _total(result: dict[str, Any]) -> float:
     """Set-up and first draw (NUTS: its set-up)."""
     return float(result["setup_seconds"] + result.get("first_draw_seconds", 0.0))
+
+
+def _until_sampling(result: dict[str, Any]) -> float:
+    """NUTS's set-up and the trace ``pm.sample`` builds before its first draw."""
+    return float(result["setup_seconds"] + result["trace_seconds"])
 
 
 def main() -> None:
