@@ -35,17 +35,23 @@ __all__ = [
     "BARKER",
     "COUNT_FIELDS",
     "add_by_group",
+    "add_sweep_counts",
+    "all_groups",
     "consume_group_stage",
     "draw_group_rows",
     "finish_groups",
+    "new_counts",
+    "no_groups",
     "rows_of_groups",
     "stage_rows",
+    "start_decisions",
 ]
 
 #: Test kinds: the sequential t-test and the minibatch Barker test.
 AUSTERITY, BARKER = 0, 1
 #: The entries of the decisions' counts vector, in order (stat names of the step).
 COUNT_FIELDS = ("n_data", "n_full_groups", "n_nonfinite")
+_N_COUNTS = len(COUNT_FIELDS)
 # Columns of the per-group running statistics: rows read, first stage's mean (the shift),
 # shifted sum and sum of squares.
 _COUNT, _SHIFT, _TOTAL, _SQUARES = range(4)
@@ -70,6 +76,71 @@ def stage_rows(batch_size: int, largest_group: int) -> np.ndarray:
         if total >= largest_group:
             return np.asarray(totals, dtype=np.int64)
         draw *= STAGE_GROWTH
+
+
+# The drivers' arrays are made by these kernels, not by NumPy calls in the generated source:
+# Numba compiles NumPy's functions for each process that compiles a caller, where these are
+# compiled once, cached by the kernels' warm-up, and loaded by the helper that compiles the
+# drivers (``docs/architecture.md``, "Group effects").
+
+
+@_jit
+def start_decisions(
+    rest: np.ndarray, whole: np.ndarray, exact_only: bool
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Return a sweep's decisions' buffers, and the groups read whole and those tested.
+
+    A group is live where ``rest`` is finite. Returned: each group's ``likelihood`` change (0,
+    to add its rows' into), ``on_all_rows`` (the live groups read whole), ``unsure`` (the
+    groups to read whole after the stages: with ``exact_only``, the t-test at epsilon 0, every
+    other live group), ``active`` (the live groups tested in stages, in order; none with
+    ``exact_only``) and the stages' running ``statistics`` (groups x 4).
+    """
+    n_groups = rest.size
+    likelihood = np.zeros(n_groups)
+    on_all_rows = np.zeros(n_groups, dtype=np.bool_)
+    unsure = np.zeros(n_groups, dtype=np.bool_)
+    tested = np.empty(n_groups, dtype=np.int64)
+    n_tested = 0
+    for g in range(n_groups):
+        if not math.isfinite(rest[g]):
+            continue
+        if whole[g]:
+            on_all_rows[g] = True
+        elif exact_only:
+            unsure[g] = True
+        else:
+            tested[n_tested] = g
+            n_tested += 1
+    return likelihood, on_all_rows, unsure, tested[:n_tested], np.zeros((n_groups, 4))
+
+
+@_jit
+def all_groups(n_groups: int) -> np.ndarray:
+    """Return a flag per group, every one set."""
+    return np.ones(n_groups, dtype=np.bool_)
+
+
+@_jit
+def no_groups(n_groups: int) -> np.ndarray:
+    """Return a flag per group, none set (a sweep's acceptances before its decisions)."""
+    return np.zeros(n_groups, dtype=np.bool_)
+
+
+@_jit
+def new_counts(counts: np.ndarray) -> np.ndarray:
+    """Return zero counts shaped like ``counts`` (one sweep's: its decisions overwrite them)."""
+    return np.zeros(counts.size, dtype=np.int64)
+
+
+@_jit
+def add_sweep_counts(counts: np.ndarray, sweep_counts: np.ndarray, accept: np.ndarray) -> None:
+    """Add one sweep's decision counts (:data:`COUNT_FIELDS`) and accepted groups to ``counts``."""
+    for field in range(_N_COUNTS):
+        counts[field] += sweep_counts[field]
+    for g in range(accept.size):
+        if accept[g]:
+            counts[_N_COUNTS] += 1
 
 
 @_jit

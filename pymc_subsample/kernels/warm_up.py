@@ -76,6 +76,11 @@ KERNEL_SIGNATURES: dict[str, dict[str, tuple[tuple[Any, ...], ...]]] = {
             (_F1, _I1, _I, _I, _I1, _F2, _F1, _F1, _I, _F1, _F1, _F1, _F, _B1, _B1),
         ),
         "finish_groups": ((_F1, _F1, _F1, _B1, _I, _B1, _I1),),
+        "start_decisions": ((_F1, _B1, _B),),
+        "all_groups": ((_I,),),
+        "no_groups": ((_I,),),
+        "new_counts": ((_I1,),),
+        "add_sweep_counts": ((_I1, _I1, _B1),),
     },
     "fused_proposals": {
         "fill_sweep_noise": ((_F3, _F2, _F2),),

@@ -40,7 +40,7 @@ _NEWTON_KERNELS = (
     "small_symmetric_eigen",
 )
 #: Bump when a generated driver's source changes (the key of its disk cache includes it).
-DRIVER_VERSION = 6
+DRIVER_VERSION = 7
 #: LLVM's optimisation level of a sweep's compile (``compiled.llvm_optimisation``). The sweep
 #: links the kernels it calls, each optimised at Numba's default level at its own compile; at
 #: level 1 the 200-group benchmark hierarchy's sweep compiled in 5.5 s against 6.3 s, at the
@@ -171,23 +171,13 @@ def group_decisions(
     test, critical, correction_support, correction_cumulative, correction_sd, accept,
     counts{old}{new}{reference}{data}{change_shared}{residual_shared}
 ):
-    n_groups = rest.size
-    live = np.isfinite(rest)
-    likelihood = np.zeros(n_groups)
-    on_all_rows = whole & live
+    likelihood, on_all_rows, unsure, active, statistics = start_decisions(rest, whole, exact_only)
     read = 0
     rows, owners = rows_of_groups(order, starts, on_all_rows)
     if rows.size:
         values = change(q, q{old}{new}{gathered}{change_shared})[0]
         add_by_group(values, owners, likelihood)
         read += rows.size
-    unsure = np.zeros(n_groups, dtype=np.bool_)
-    active = np.flatnonzero(live & ~whole)
-    if exact_only:  # the t-test at epsilon 0: every group on all its rows
-        for g in active:
-            unsure[g] = True
-        active = active[:0]
-    statistics = np.zeros((n_groups, 4))
     draw = batch_size
     stage = np.int64(0)  # a literal 0 compiled consume_group_stage twice (Literal[int](0))
     while active.size:
@@ -219,8 +209,8 @@ def group_sweep(
 ):
     if draw_noise:
         fill_sweep_noise(normals, scales, log_u)
-    every_group = np.ones(coordinates.shape[0], dtype=np.bool_)
-    sweep_counts = np.zeros(counts.size, dtype=np.int64)
+    every_group = all_groups(coordinates.shape[0])
+    sweep_counts = new_counts(counts)
     # The parts, effects and Newton proposal at q; a sweep's accepted groups carry theirs at
     # the proposed effects into the next sweep (a group's parts read its own effects alone).
     raw = parts(q{parts_shared})
@@ -246,16 +236,14 @@ def group_sweep(
             x, x_new, old[0], new[0], forward, backward, reference_cells, cell_gradient,
             cell_hessian, old[3], new[3],
         )
-        accept = np.zeros(rest.size, dtype=np.bool_)
+        accept = no_groups(rest.size)
         decisions(
             q, reference_q, order, starts, sizes, whole, rest, known, log_u[s], batch_size,
             exact_only, test, critical, correction_support, correction_cumulative,
             correction_sd, accept,
             sweep_counts{old_tables}{new_tables}{reference}{data}{change_shared}{residual_shared}
         )
-        for field in range(3):
-            counts[field] += sweep_counts[field]
-        counts[3] += accept.sum()
+        add_sweep_counts(counts, sweep_counts, accept)
         q = with_effects(q, coordinates, x_new, accept)
         if s + 1 < normals.shape[0]:
             old = ({old_taken})
