@@ -221,6 +221,20 @@ def test_the_prior_compiles_here_while_the_helper_compiles_the_drivers(
     step._fused_ready, step._sweep_job = False, 0
     step._fused_sweep(q)
     assert calls == ["wait 0"]
+    # A step with no hyperparameter and no shared coefficient never evaluates the prior.
+    sizes = np.array([30, 5, 80, 12])
+    with pm.Model(coords={"group": range(sizes.size)}) as model:
+        a = pm.Normal("a", 0.5, 1.0, dims="group")
+        group = np.repeat(np.arange(sizes.size), sizes)
+        pm.Poisson("y", pm.math.exp(a[pm.Data("g", group)]), observed=np.ones(group.size))
+        alone = GroupEffectsMH([model["a"]])
+    only_effects = alone._built_fused_sweep()
+    assert only_effects is not None
+    monkeypatch.setattr(only_effects, "wait_for_helpers", lambda job: calls.append(f"wait {job}"))
+    calls.clear()
+    alone._sweep_job = 3
+    alone._fused_sweep(np.zeros(sizes.size))
+    assert calls == ["wait 3"]
 
 
 def test_the_helper_unpickles_a_drivers_job_without_importing_the_steps(tmp_path: Path) -> None:

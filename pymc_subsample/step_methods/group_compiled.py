@@ -123,15 +123,19 @@ class CompiledSweepParts:
 
         Built at the first call (:meth:`_built_fused_sweep`), which first waits for the
         helpers' code. Where the helper compiles the drivers, this process first compiles
-        the prior, which the draw's moves after the sweep evaluate from Python (a cold
-        compile of a second or more, otherwise paid after the wait). At a chain's first sweep
+        the prior, which the draw's moves of the hyperparameters and shared coefficients
+        after the sweep evaluate from Python (a cold compile of a second or more, otherwise
+        paid after the wait). At a chain's first sweep
         Numba's generator is seeded from the chain's, so that a chain is reproducible.
         """
         fused = self._built_fused_sweep()
         if fused is None:
             return None
         if not self._fused_ready:
-            if self._sweep_job:
+            functions = self.functions
+            if self._sweep_job and (
+                functions.free_coordinates.size or functions.direct_coordinates.size
+            ):
                 self.oracles.log_prior(q)
             fused.wait_for_helpers(self._sweep_job)
             self._fused_ready, self._sweep_job = True, 0
