@@ -495,8 +495,8 @@ def llvm_optimisation(level: int) -> Iterator[None]:
     Numba reads its ``OPT`` setting at each compile's LLVM passes (machine code generation
     keeps the process's level). A generated driver is glue around kernels that Numba has
     optimised at their own compile: their code is linked into the driver's and optimised once
-    more with it, which is most of a large driver's compile (``docs/architecture.md``,
-    "The first build").
+    more with it, a large part of a large driver's compile (``docs/architecture.md``,
+    "Group effects").
     """
     from numba.core import config
 
