@@ -297,8 +297,9 @@ class GroupEffectsMH(CompiledSweepParts, GroupMoves, GroupRecentring, SubsampleS
         if fused and self._first_build:
             # A machine's first build: the group sweep's functions compile in a helper during
             # the set-up (elsewhere compiling them here is quicker, model/compile_helper.py).
-            # The prior and its gradient, which the first draw calls from Python, compile here
-            # while the helper compiles the sweep's drivers (group_compiled.py).
+            # The prior (group_compiled.py) and its gradient (the start's Newton rounds,
+            # group_recentring.py), which the first draw calls from Python, compile here while
+            # the helper compiles the sweep's drivers.
             for function in (functions.change, functions.residual, *functions.parts):
                 function.prefetch()
         self.strata: Strata | None = None
