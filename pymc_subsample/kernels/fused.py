@@ -45,11 +45,15 @@ __all__ = [
     "distance_sq",
     "draw_rows",
     "finish_decision",
+    "finite_total",
     "log_uniform_for",
+    "no_rows",
     "propose",
     "proxy_difference",
     "seed_generator",
     "start_test",
+    "take_matrix_rows",
+    "take_values",
 ]
 
 #: Proposal kinds of :func:`propose`.
@@ -299,6 +303,50 @@ def draw_rows(
         offset = taken - (n_rows - remaining.size)
         return remaining[offset : offset + size], first, remaining
     return _draw_untaken(n_rows, size, stamps, counters, empty), first, remaining
+
+
+@_jit
+def no_rows() -> np.ndarray:
+    """Return an empty array of row numbers (a test's rows before its first stage).
+
+    The driver makes its arrays through cached kernels: NumPy's ``empty`` in the generated
+    source is compiled again with the driver at every cold build (``docs/architecture.md``,
+    "The first build").
+    """
+    return np.empty(0, dtype=np.int64)
+
+
+@_jit
+def take_values(array: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """Return ``array[rows]`` of a 1-D array, a new C-ordered array (a stage's rows).
+
+    A loop rather than NumPy's fancy indexing, which Numba compiles with the driver at every
+    cold build (0.5 s, its broadcasting included); only the stage's rows are read.
+    """
+    gathered = np.empty(rows.size, dtype=array.dtype)
+    for k in range(rows.size):
+        gathered[k] = array[rows[k]]
+    return gathered
+
+
+@_jit
+def take_matrix_rows(array: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """Return ``array[rows]`` of a 2-D array (a design matrix), as :func:`take_values` does."""
+    gathered = np.empty((rows.size, array.shape[1]), dtype=array.dtype)
+    for k in range(rows.size):
+        row = rows[k]
+        for j in range(array.shape[1]):
+            gathered[k, j] = array[row, j]
+    return gathered
+
+
+@_jit
+def finite_total(values: np.ndarray) -> bool:
+    """Whether the sum of ``values`` is finite (a stage with a NaN or infinite term is not)."""
+    total = 0.0
+    for value in values:
+        total += value
+    return bool(np.isfinite(total))
 
 
 @_jit

@@ -64,8 +64,13 @@ KERNEL_SIGNATURES: dict[str, dict[str, tuple[tuple[Any, ...], ...]]] = {
         "consume_stages": ((_F1, _I, _I, _B, _I, _F, _F, _F1, _F1),),
         "finish_decision": ((_I, _B, _F, _F, _I, _F, _F1, _I1, _F1, _F1, _F, _F1),),
         "distance_sq": ((_F1, _F1, _F2),),
-        "block_rows": ((_I1, _I, _I),),
-        "block_sums": ((_F1, _I1, _I, _I),),
+        "no_rows": ((),),
+        "finite_total": ((_F1,),),
+        # The data as most models hold them: a design matrix, float and integer columns
+        # (another type compiles with the driver). block_rows and block_sums are not here:
+        # only a driver over memory maps larger than memory calls them, and compiles them.
+        "take_matrix_rows": ((_F2, _I1),),
+        "take_values": ((_F1, _I1), (_I1, _I1)),
     },
     "fused_groups": {
         "rows_of_groups": ((_I1, _I1, _B1),),

@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 __all__ = ["FUSED_PROPOSALS", "FusedDraw", "fused_obstacle", "seed_fused_draws"]
 
 #: Bump when the generated driver's source changes (the key of its disk cache includes it).
-DRIVER_VERSION = 4
+DRIVER_VERSION = 5
 
 
 #: The proposal parts the fused draw compiles (``kernels/fused.propose``), by their exact class:
@@ -140,14 +140,24 @@ class FusedDraw:
         oracles = step.oracles
         control = step.control
         self._key = self._current_key()
-        driver_key = (control is None, oracles.proxy_order)
+        test = step.test.fused(step)
+        assert test is not None
+        test_kind, error_tolerance, correction = test
+        n_rows = oracles.n_rows
+        # A designed test's tolerances are per stage of batch_size rows: rows stay its units.
+        designed = isinstance(error_tolerance, np.ndarray)
+        block = 1 if designed else min(oracles.pages.draw_block_rows(), n_rows)
+        data = oracles.row_arrays()
+        dimensions = tuple(array.ndim for array in data)
+        driver_key = (control is None, oracles.proxy_order, block > 1, dimensions)
         if self._driver is None or driver_key != self._driver_key:
             self._prior, self._rows = oracles.numba_kernels()
             self._driver = _driver(
-                n_data=len(oracles.row_arrays()),
+                data_dimensions=dimensions,
                 n_prior_shared=len(self._prior.implicit),
                 n_row_shared=len(self._rows.implicit),
                 with_reference=control is not None,
+                in_blocks=block > 1,
                 prior=self._prior,
                 rows=self._rows,
             )
@@ -170,13 +180,6 @@ class FusedDraw:
             order, reference = proxy.order, proxy.reference
             gradient_sum, hessian_sum = proxy.gradient_sum, proxy.hessian_sum
             precision = control.precision
-        test = step.test.fused(step)
-        assert test is not None
-        test_kind, error_tolerance, correction = test
-        n_rows = oracles.n_rows
-        # A designed test's tolerances are per stage of batch_size rows: rows stay its units.
-        designed = isinstance(error_tolerance, np.ndarray)
-        block = 1 if designed else min(oracles.pages.draw_block_rows(), n_rows)
         n_units, batch_size = block_units(n_rows, block, step.batch_size)
         sampler = step.row_sampler if block == 1 else self._unit_sampler(n_units)
         critical = (
@@ -215,7 +218,7 @@ class FusedDraw:
         )
         # The data arrays are read once here: new data (pm.set_data) makes a new row sampler,
         # which a draw notices by its key.
-        self._arguments = (*fixed, self.result, *oracles.row_arrays())
+        self._arguments = (*fixed, self.result, *data)
         self._implicit = bool(self._prior.implicit or self._rows.implicit)
 
 
@@ -316,21 +319,21 @@ def fused_draw(
     nonfinite = not np.isfinite(log_ratio)
     rows_read = 0
     if not nonfinite:
-        # The test's population: n_units blocks of `block` rows (rows themselves at 1), each
-        # valued by its rows' sum (docs/architecture.md, "Rows read in blocks").
+        # The test's population: n_units blocks of `block` rows (rows themselves unblocked),
+        # each valued by its rows' sum (docs/architecture.md, "Rows read in blocks").
         threshold = temperature * (log_u - log_ratio) / n_units
         scale = n_units / (temperature * correction_sd)  # Barker: stop once s^2 < sigma^2
-        first = np.empty(0, dtype=np.int64)
-        remaining = np.empty(0, dtype=np.int64)
+        first = no_rows()
+        remaining = no_rows()
         while True:  # one stage per call: the rows evaluated are the rows the test used
             units, first, remaining = draw_rows(
                 n_units, batch_size, stamps, counters, first, remaining
             )
-            rows = units if block == 1 else block_rows(units, block, n_rows)
+            rows = {rows_of_units}
             rows_read += rows.size
             terms = row_terms(q_new, q_old{reference_arg}{gathered}{row_args})[0]
-            values = terms if block == 1 else block_sums(terms, units, block, n_rows)
-            if not np.isfinite(values.sum()):
+            values = {values_of_units}
+            if not finite_total(values):
                 nonfinite = True
                 accumulator[8] += 1
                 break
@@ -353,15 +356,22 @@ def fused_draw(
 
 def _driver(
     *,
-    n_data: int,
+    data_dimensions: tuple[int, ...],
     n_prior_shared: int,
     n_row_shared: int,
     with_reference: bool,
+    in_blocks: bool,
     prior: NumbaKernel,
     rows: NumbaKernel,
 ) -> Callable[..., Any]:
-    """Generate, compile (or load from PyTensor's Numba cache) the model's draw driver."""
-    data_names = [f"data_{k}" for k in range(n_data)]
+    """Generate, compile (or load from PyTensor's Numba cache) the model's draw driver.
+
+    ``data_dimensions`` are those of the row-aligned data arrays, in order: a stage's rows of
+    a 1-D or 2-D array are gathered by a package kernel, of any other by NumPy's indexing.
+    ``in_blocks``: the test's units are blocks of rows (``block_units``); else rows, and the
+    driver has no block code (nor compiles its kernels, ``kernels/warm_up.py``).
+    """
+    data_names = [f"data_{k}" for k in range(len(data_dimensions))]
     prior_names = [f"prior_shared_{k}" for k in range(n_prior_shared)]
     row_names = [f"row_shared_{k}" for k in range(n_row_shared)]
 
@@ -373,7 +383,12 @@ def _driver(
         prior_args=arguments(prior_names),
         row_args=arguments(row_names),
         reference_arg=", reference" if with_reference else "",
-        gathered="".join(f", {name}[rows]" for name in data_names),
+        gathered="".join(
+            f", {_gather(name, ndim)}"
+            for name, ndim in zip(data_names, data_dimensions, strict=True)
+        ),
+        rows_of_units="block_rows(units, block, n_rows)" if in_blocks else "units",
+        values_of_units="block_sums(terms, units, block, n_rows)" if in_blocks else "terms",
     )
     # The driver calls the package's kernels: load them from the cache the helper process
     # filled while this one built the step (kernels/warm_up.py), if one runs.
@@ -393,6 +408,15 @@ def _driver(
         f"fused_draw_{DRIVER_VERSION}",
         [_kernel_source(), prior.cache_key, rows.cache_key],
     )
+
+
+def _gather(name: str, ndim: int) -> str:
+    """Return the source that reads a stage's ``rows`` of the data array ``name``."""
+    if ndim == 1:
+        return f"take_values({name}, rows)"
+    if ndim == 2:
+        return f"take_matrix_rows({name}, rows)"
+    return f"{name}[rows]"
 
 
 @cache
