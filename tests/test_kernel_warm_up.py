@@ -209,6 +209,48 @@ def test_the_fused_driver_compiles_nothing_but_itself_on_cached_kernels(tmp_path
     assert found["compiled"] == ["pymc_subsample.step_methods.fused_path.fused_draw"]
 
 
+_BUILD_BESIDE_WARM_UP = """
+import json, warnings
+import numpy as np
+import pymc as pm
+import pymc_subsample as pms
+from pymc_subsample.kernels import warm_up
+
+warnings.simplefilter("ignore")
+rng = np.random.default_rng(0)
+X = rng.normal(size=(4_000, 2))
+y = rng.poisson(1.0, 4_000)
+with pm.Model():
+    b = pm.Normal("b", 0.0, 1.0, shape=2)
+    pm.Poisson("y", mu=pm.math.exp(X @ b), observed=y)
+    step = pms.AusterityMH()
+print(json.dumps({"path": step.draw_path, "helpers": len(warm_up._helpers),
+                  "cached": warm_up.kernels_cached(["fused"])}))
+"""
+
+
+@pytest.mark.skipif(available_cores() < 2, reason="the helper runs only with two cores or more")
+def test_a_fused_build_compiles_its_driver_beside_the_warm_up_and_then_stops_it(tmp_path):
+    # On empty caches the step starts the warm-up, compiles its driver without waiting for
+    # it (loading the kernels it has cached, compiling the others) and stops it: no helper is
+    # left and every kernel is cached. Caught if the helper were left running (or waited for
+    # and still listed). Deterministic.
+    found = _run(_BUILD_BESIDE_WARM_UP, tmp_path)
+    assert found == {"path": "fused", "helpers": 0, "cached": True}
+
+
+def test_stopping_the_warm_up_stops_only_the_helpers_of_those_modules(monkeypatch):
+    stopped: list[int] = []
+    fused, groups = SimpleNamespace(pid=1), SimpleNamespace(pid=2)
+    monkeypatch.setattr(warm_up, "_helpers", [fused, groups])
+    monkeypatch.setattr(warm_up, "_helper_modules", {1: ("fused",), 2: ("group_newton",)})
+    monkeypatch.setattr(helper_processes, "stop_process", lambda helper: stopped.append(helper.pid))
+    warm_up.stop_kernel_warm_up(["fused"])
+    assert stopped == [1] and warm_up._helpers == [groups]
+    warm_up.stop_kernel_warm_up(["fused"])  # none left of those
+    assert stopped == [1]
+
+
 _COMPILES_AHEAD = """
 import json
 from pymc_subsample.kernels import warm_up

@@ -10,8 +10,9 @@ search and the model's own graphs, one after the other.
 :func:`start_kernel_warm_up` starts, at most once per process, a helper process that
 compiles them with the signatures the drivers call them with (:data:`KERNEL_SIGNATURES`)
 into the same cache, while this process searches for its reference point and compiles the
-model's graphs; :func:`wait_for_kernel_warm_up` waits for it before a driver that calls them
-is compiled, which then loads them from the cache. Nothing changes but when the compiling
+model's graphs; :func:`wait_for_kernel_warm_up` waits for it before the group sweep's drivers
+are compiled, which then load them from the cache, and the fused draw's driver compiles beside
+it and then stops it (:func:`stop_kernel_warm_up`). Nothing changes but when the compiling
 happens: the kernels and their cache are Numba's own, and where the helper cannot run, has
 not finished in time or fails, this process compiles them itself, as it did before.
 
@@ -39,6 +40,7 @@ __all__ = [
     "dispatcher_cached",
     "kernels_cached",
     "start_kernel_warm_up",
+    "stop_kernel_warm_up",
     "wait_for_kernel_warm_up",
 ]
 
@@ -54,23 +56,26 @@ _FACTOR_MODEL = types.Tuple((_F2, _F3, _F2))
 #: drivers call them with (``tests/test_kernel_warm_up.py`` checks them against the kernels
 #: a fused draw and a group sweep compile). A kernel's callees are compiled with it.
 KERNEL_SIGNATURES: dict[str, dict[str, tuple[tuple[Any, ...], ...]]] = {
+    # The fused draw's driver compiles beside this helper (``stop_kernel_warm_up``): the
+    # helper compiles them in the reverse of the order the driver's compile reaches them, so
+    # that the two meet; seed_generator, called at a chain's first draw, first.
     "fused": {
         "seed_generator": ((_I,),),
-        "propose": ((_I, _F1, _F, _F2, _F2, _F1),),
-        "proxy_difference": ((_F1, _F1, _F1, _F1, _F2, _I),),
-        "log_uniform_for": ((_I,),),
-        "start_test": ((_I1, _F1),),
-        "draw_rows": ((_I, _I, _I1, _I1, _I1, _I1),),
-        "consume_stages": ((_F1, _I, _I, _B, _I, _F, _F, _F1, _F1),),
-        "finish_decision": ((_I, _B, _F, _F, _I, _F, _F1, _I1, _F1, _F1, _F, _F1),),
         "distance_sq": ((_F1, _F1, _F2),),
-        "no_rows": ((),),
+        "finish_decision": ((_I, _B, _F, _F, _I, _F, _F1, _I1, _F1, _F1, _F, _F1),),
+        "consume_stages": ((_F1, _I, _I, _B, _I, _F, _F, _F1, _F1),),
         "finite_total": ((_F1,),),
         # The data as most models hold them: a design matrix, float and integer columns
         # (another type compiles with the driver). block_rows and block_sums are not here:
         # only a driver over memory maps larger than memory calls them, and compiles them.
-        "take_matrix_rows": ((_F2, _I1),),
         "take_values": ((_F1, _I1), (_I1, _I1)),
+        "take_matrix_rows": ((_F2, _I1),),
+        "draw_rows": ((_I, _I, _I1, _I1, _I1, _I1),),
+        "no_rows": ((),),
+        "start_test": ((_I1, _F1),),
+        "log_uniform_for": ((_I,),),
+        "proxy_difference": ((_F1, _F1, _F1, _F1, _F2, _I),),
+        "propose": ((_I, _F1, _F, _F2, _F2, _F1),),
     },
     "fused_groups": {
         "rows_of_groups": ((_I1, _I1, _B1),),
@@ -230,6 +235,26 @@ def wait_for_kernel_warm_up(timeout: float = WAIT_SECONDS) -> None:
         try:
             helper.wait(timeout=max(deadline - time.monotonic(), 0.0))
         except subprocess.TimeoutExpired:
+            stop_process(helper)
+
+
+def stop_kernel_warm_up(modules: Sequence[str]) -> None:
+    """Stop the helpers compiling only kernels of ``modules``, which this process now has.
+
+    The fused draw's driver compiles beside its helper instead of after it: the compile loads
+    each kernel the helper has cached by the time it reaches it and compiles the others, so
+    that one core compiles the driver while the other compiles kernels, where a wait for the
+    helper left a core idle during the driver's compile (1.1 s on the Student-t regression of
+    ``benchmarks/first_build.py``). Once the driver is compiled, what the helper still
+    compiles is in this process and its cache already: it is stopped.
+    """
+    from pymc_subsample.helper_processes import stop_process
+
+    wanted = set(modules)
+    for helper in list(_helpers):
+        if set(_helper_modules.get(helper.pid, ("",))) <= wanted:
+            _helpers.remove(helper)
+            _helper_modules.pop(helper.pid, None)
             stop_process(helper)
 
 

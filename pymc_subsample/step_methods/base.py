@@ -23,6 +23,7 @@ from pytensor.tensor.variable import TensorVariable
 
 from pymc_subsample.kernels.row_sampler import RowSampler
 from pymc_subsample.kernels.user_proposal import ProposalFunction, UserProposal
+from pymc_subsample.kernels.warm_up import stop_kernel_warm_up
 from pymc_subsample.model.checks import discrete_names
 from pymc_subsample.step_methods.acceptance_tests import (
     AcceptanceTest,
@@ -290,6 +291,9 @@ class SubsampleMH(SubsampleStepBase, ProposalChoice):
         except Exception as error:
             self._fused = None
             return f"python: PyTensor's Numba backend could not compile the draw ({error})"
+        finally:
+            # The draw compiled its driver beside the kernels' warm-up, and has the kernels.
+            stop_kernel_warm_up(self.warm_kernels)
         return "fused"
 
     def _fused_draw(self) -> FusedDraw | None:

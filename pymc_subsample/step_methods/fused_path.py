@@ -30,7 +30,6 @@ from scipy.special import stdtrit
 from pymc_subsample.kernels import fused
 from pymc_subsample.kernels.proposals import IndependentProposal, RandomWalkProposal
 from pymc_subsample.kernels.row_sampler import RowSampler
-from pymc_subsample.kernels.warm_up import wait_for_kernel_warm_up
 from pymc_subsample.model.compiled import NumbaKernel, compile_driver
 from pymc_subsample.step_methods.proposal_parts.independent import IndependentPart
 from pymc_subsample.step_methods.proposal_parts.random_walk import RandomWalkPart
@@ -390,9 +389,9 @@ def _driver(
         rows_of_units="block_rows(units, block, n_rows)" if in_blocks else "units",
         values_of_units="block_sums(terms, units, block, n_rows)" if in_blocks else "terms",
     )
-    # The driver calls the package's kernels: load them from the cache the helper process
-    # filled while this one built the step (kernels/warm_up.py), if one runs.
-    wait_for_kernel_warm_up()
+    # The driver calls the package's kernels: its compile (at its first call) loads those the
+    # warm-up's helper has cached and compiles the others (kernels/warm_up.py,
+    # stop_kernel_warm_up).
     environment = {
         # Numba's cache rebuilds a function's environment by importing its module by name.
         "__name__": __name__,
