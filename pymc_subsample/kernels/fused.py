@@ -311,7 +311,7 @@ def no_rows() -> np.ndarray:
 
     The driver makes its arrays through cached kernels: NumPy's ``empty`` in the generated
     source is compiled again with the driver at every cold build (``docs/architecture.md``,
-    "The first build").
+    "The fused draw").
     """
     return np.empty(0, dtype=np.int64)
 
