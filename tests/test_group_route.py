@@ -100,6 +100,26 @@ def test_a_hierarchy_the_group_step_refuses_says_why(caplog):
     assert len(said) == 1 and "one block" in said[0], said
 
 
+def test_a_categorical_effect_without_one_value_per_group_says_why_in_one_block(caplog):
+    # A ZeroSumNormal's unconstrained value has one entry fewer than the groups: no variable is
+    # a group effect, and the message says so (not that every variable is read by group).
+    rng = np.random.default_rng(5)
+    day = rng.integers(0, 7, 2_000)
+    with (
+        pm.Model(coords={"day": range(7)}),
+        caplog.at_level(logging.INFO, logger="pymc"),
+    ):
+        effect = pm.ZeroSumNormal("effect", 0.5, dims="day")
+        beta = pm.Normal("beta", 0.0, 1.0)
+        pm.Poisson("y", pm.math.exp(beta + effect[day]), observed=rng.poisson(1.0, day.size))
+        step = pms.AusterityMH()
+    assert type(step) is pms.AusterityMH
+    said = [r.getMessage() for r in caplog.records if "group by group" in r.getMessage()]
+    assert len(said) == 1, said
+    assert "no sampled variable holds one value per group" in said[0], said
+    assert "reads a variable through a group index" in said[0], said
+
+
 def test_group_effects_true_refuses_what_the_route_cannot_take():
     with _hierarchy():
         with pytest.raises(TypeError, match="takes no proposal"):

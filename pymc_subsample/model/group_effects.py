@@ -279,7 +279,9 @@ def _factors(
             )
         )
     if not factors:
-        return "no group table reads them"
+        # A group effect has one value per group along its first axis; a ZeroSumNormal's
+        # unconstrained value, say, has one fewer.
+        return "no sampled variable holds one value per group along its first axis"
     return tuple(factors)
 
 

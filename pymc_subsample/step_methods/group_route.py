@@ -135,9 +135,9 @@ def group_route(
 
 def _say_one_block(step_name: str, names: str, reason: str) -> None:
     _log.info(
-        "%s: the model reads %s through a group index, but cannot be sampled group by group "
-        "(%s); sampling every variable in one block.",
+        "%s: the likelihood reads a variable through a group index, but the model cannot be "
+        "sampled group by group (%s); sampling %s in one block.",
         step_name,
-        names,
         reason,
+        names,
     )
