@@ -53,6 +53,19 @@ for module_name in warm_up.KERNEL_SIGNATURES:
 print(json.dumps(compiled))
 """
 
+#: A Poisson regression whose step takes the fused draw (in the fresh processes' code).
+_FUSED_POISSON = """
+rng = np.random.default_rng(0)
+n = 4_000
+X = rng.normal(size=(n, 2))
+y = rng.poisson(1.0, n)
+with pm.Model():
+    b = pm.Normal("b", 0.0, 1.0, shape=2)
+    pm.Poisson("y", mu=pm.math.exp(X @ b), observed=y)
+    step = pms.AusterityMH()
+    assert step.draw_path == "fused", step.draw_path
+"""
+
 _COMPILED_SIGNATURES = (
     """
 import json, warnings
@@ -66,18 +79,12 @@ from pymc_subsample.model import compile_helper
 warnings.simplefilter("ignore")
 warm_up._requested.update(warm_up.KERNEL_SIGNATURES)  # this process compiles them itself
 compile_helper._unavailable = True  # and the drivers, which call them (no compile helper)
-rng = np.random.default_rng(0)
-n = 4_000
-X = rng.normal(size=(n, 2))
-group = rng.integers(0, 20, n)
-y = rng.poisson(1.0, n)
-with pm.Model():
-    b = pm.Normal("b", 0.0, 1.0, shape=2)
-    pm.Poisson("y", mu=pm.math.exp(X @ b), observed=y)
-    step = pms.AusterityMH()
-    assert step.draw_path == "fused", step.draw_path
+"""
+    + _FUSED_POISSON
+    + """
     pm.sample(draws=2, tune=0, chains=1, step=step, progressbar=False,
               compute_convergence_checks=False, random_seed=1)
+group = rng.integers(0, 20, n)
 with pm.Model():
     mu = pm.Normal("mu", 0.0, 1.0)
     a = pm.Normal("a", mu, 1.0, shape=20)
@@ -157,7 +164,8 @@ def test_the_helper_fills_the_cache_this_process_then_loads(tmp_path):
     assert second["cached_before"] and second["started"] == 0 and second["misses"] == 0
 
 
-_DRIVER_COMPILES = """
+_DRIVER_COMPILES = (
+    """
 import json, warnings
 import numpy as np
 import pymc as pm
@@ -182,17 +190,12 @@ def first_draw(self, q, scaling):  # the driver compiles at its first call
         dispatcher._FunctionCompiler._compile_core = compile_core
 
 fused_path.FusedDraw.draw = first_draw
-rng = np.random.default_rng(0)
-n = 4_000
-X = rng.normal(size=(n, 2))
-y = rng.poisson(1.0, n)
-with pm.Model():
-    b = pm.Normal("b", 0.0, 1.0, shape=2)
-    pm.Poisson("y", mu=pm.math.exp(X @ b), observed=y)
-    step = pms.AusterityMH()
-    assert step.draw_path == "fused", step.draw_path
+"""
+    + _FUSED_POISSON
+    + """
 print(json.dumps({"compiled": compiled}))
 """
+)
 
 
 def test_the_fused_driver_compiles_nothing_but_itself_on_cached_kernels(tmp_path):
@@ -209,7 +212,8 @@ def test_the_fused_driver_compiles_nothing_but_itself_on_cached_kernels(tmp_path
     assert found["compiled"] == ["pymc_subsample.step_methods.fused_path.fused_draw"]
 
 
-_BUILD_BESIDE_WARM_UP = """
+_BUILD_BESIDE_WARM_UP = (
+    """
 import json, warnings
 import numpy as np
 import pymc as pm
@@ -217,16 +221,13 @@ import pymc_subsample as pms
 from pymc_subsample.kernels import warm_up
 
 warnings.simplefilter("ignore")
-rng = np.random.default_rng(0)
-X = rng.normal(size=(4_000, 2))
-y = rng.poisson(1.0, 4_000)
-with pm.Model():
-    b = pm.Normal("b", 0.0, 1.0, shape=2)
-    pm.Poisson("y", mu=pm.math.exp(X @ b), observed=y)
-    step = pms.AusterityMH()
+"""
+    + _FUSED_POISSON
+    + """
 print(json.dumps({"path": step.draw_path, "helpers": len(warm_up._helpers),
                   "cached": warm_up.kernels_cached(["fused"])}))
 """
+)
 
 
 @pytest.mark.skipif(available_cores() < 2, reason="the helper runs only with two cores or more")
