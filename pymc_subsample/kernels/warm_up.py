@@ -250,9 +250,8 @@ def stop_kernel_warm_up(modules: Sequence[str]) -> None:
     """
     from pymc_subsample.helper_processes import stop_process
 
-    wanted = set(modules)
     for helper in list(_helpers):
-        if set(_helper_modules.get(helper.pid, ("",))) <= wanted:
+        if set(_helper_modules[helper.pid]).issubset(modules):
             _helpers.remove(helper)
             _helper_modules.pop(helper.pid, None)
             stop_process(helper)
